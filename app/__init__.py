@@ -1,0 +1,1 @@
+"""overnight: a self-hosted OpenAI Batch API on an embedded vLLM engine."""

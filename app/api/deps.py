@@ -1,0 +1,58 @@
+"""Dependencies the routes declare by type: settings, a database session, storage, caller."""
+
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import Depends, Header, Request
+from sqlalchemy.orm import Session
+
+from app.config import Settings
+from app.db.session import session_factory
+from app.errors import OpenAIError
+from app.services.auth import Principal, authenticate
+from app.storage import Storage, storage_for
+
+
+def get_settings(request: Request) -> Settings:
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+
+
+def get_session(settings: SettingsDep) -> Iterator[Session]:
+    with session_factory(settings.sqlalchemy_url)() as session:
+        yield session
+
+
+SessionDep = Annotated[Session, Depends(get_session)]
+
+
+def get_storage(settings: SettingsDep) -> Storage:
+    return storage_for(str(settings.storage_dir))
+
+
+StorageDep = Annotated[Storage, Depends(get_storage)]
+
+
+def get_principal(
+    session: SessionDep,
+    settings: SettingsDep,
+    authorization: Annotated[str | None, Header()] = None,
+) -> Principal:
+    principal = authenticate(session, settings, authorization)
+    session.commit()  # release SQLite's write lock before the route's own work
+    return principal
+
+
+PrincipalDep = Annotated[Principal, Depends(get_principal)]
+
+
+def require_admin(principal: PrincipalDep) -> Principal:
+    if not principal.is_admin:
+        raise OpenAIError("This operation needs an admin key.", status_code=403)
+    return principal
+
+
+AdminDep = Annotated[Principal, Depends(require_admin)]

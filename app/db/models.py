@@ -1,0 +1,250 @@
+"""Database tables. Wire shapes live in `app.schemas`; these are storage rows.
+
+Public ids (`file-…`, `batch_…`) are unique strings; every table also has an
+integer `seq` so that lists page in creation order with no ties.
+Timestamps shown to users are Unix seconds (int); lease clocks are float seconds.
+"""
+
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    CheckConstraint,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+BATCH_STATUSES = (
+    "validating",
+    "failed",
+    "in_progress",
+    "finalizing",
+    "completed",
+    "expired",
+    "cancelling",
+    "cancelled",
+)
+TERMINAL_BATCH_STATUSES = ("failed", "completed", "expired", "cancelled")
+SHARD_STATUSES = ("pending", "running", "done")
+UPLOAD_STATUSES = ("pending", "completed", "cancelled", "expired")
+
+
+def _in(column: str, values: tuple[str, ...]) -> str:
+    return f"{column} IN ({', '.join(repr(v) for v in values)})"
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class Project(Base):
+    __tablename__ = "projects"
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(64), unique=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+    __table_args__ = (CheckConstraint(_in("role", ("admin", "member")), name="role"),)
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(64), unique=True)
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id"), index=True)
+    name: Mapped[str] = mapped_column(String(256), default="")
+    # sha256 hex of the secret; the secret itself is never stored.
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    redacted: Mapped[str] = mapped_column(String(32))
+    role: Mapped[str] = mapped_column(String(16), default="member")
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    revoked_at: Mapped[int | None] = mapped_column(BigInteger)
+
+
+class File(Base):
+    __tablename__ = "files"
+    __table_args__ = (
+        CheckConstraint(_in("status", ("uploaded", "processed", "error")), name="status"),
+        Index("ix_files_project_listing", "project_id", "seq"),
+    )
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(64), unique=True)
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id"))
+    filename: Mapped[str] = mapped_column(Text)
+    purpose: Mapped[str] = mapped_column(String(32))
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    sha256: Mapped[str] = mapped_column(String(64))
+    storage_key: Mapped[str] = mapped_column(String(512))
+    status: Mapped[str] = mapped_column(String(16), default="processed")
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    expires_at: Mapped[int | None] = mapped_column(BigInteger, index=True)
+    deleted_at: Mapped[int | None] = mapped_column(BigInteger)
+
+
+class Upload(Base):
+    __tablename__ = "uploads"
+    __table_args__ = (CheckConstraint(_in("status", UPLOAD_STATUSES), name="status"),)
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(64), unique=True)
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id"), index=True)
+    filename: Mapped[str] = mapped_column(Text)
+    purpose: Mapped[str] = mapped_column(String(32))
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    mime_type: Mapped[str] = mapped_column(String(256))
+    status: Mapped[str] = mapped_column(String(16), default="pending")
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    expires_at: Mapped[int] = mapped_column(BigInteger, index=True)
+    # Expiry the completed File gets, in seconds after its creation.
+    file_expires_after: Mapped[int | None] = mapped_column(BigInteger)
+    file_id: Mapped[str | None] = mapped_column(ForeignKey("files.id"))
+
+
+class UploadPart(Base):
+    __tablename__ = "upload_parts"
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(64), unique=True)
+    upload_id: Mapped[str] = mapped_column(ForeignKey("uploads.id"), index=True)
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    storage_key: Mapped[str] = mapped_column(String(512))
+    created_at: Mapped[int] = mapped_column(BigInteger)
+
+
+class Batch(Base):
+    __tablename__ = "batches"
+    __table_args__ = (
+        CheckConstraint(_in("status", BATCH_STATUSES), name="status"),
+        Index("ix_batches_project_listing", "project_id", "seq"),
+        # The validator's and finaliser's claim path.
+        Index(
+            "ix_batches_claimable",
+            "status",
+            postgresql_where=text("status IN ('validating', 'finalizing', 'cancelling')"),
+            sqlite_where=text("status IN ('validating', 'finalizing', 'cancelling')"),
+        ),
+    )
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(64), unique=True)
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id"))
+    endpoint: Mapped[str] = mapped_column(String(64))
+    input_file_id: Mapped[str] = mapped_column(ForeignKey("files.id"))
+    model: Mapped[str | None] = mapped_column(String(256))
+    completion_window: Mapped[str] = mapped_column(String(16))
+    status: Mapped[str] = mapped_column(String(16), default="validating")
+    errors: Mapped[list[Any] | None] = mapped_column(JSON)
+    metadata_: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSON)
+    output_file_id: Mapped[str | None] = mapped_column(ForeignKey("files.id"))
+    error_file_id: Mapped[str | None] = mapped_column(ForeignKey("files.id"))
+    output_expires_after: Mapped[int | None] = mapped_column(BigInteger)
+
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    in_progress_at: Mapped[int | None] = mapped_column(BigInteger)
+    expires_at: Mapped[int] = mapped_column(BigInteger)
+    finalizing_at: Mapped[int | None] = mapped_column(BigInteger)
+    completed_at: Mapped[int | None] = mapped_column(BigInteger)
+    failed_at: Mapped[int | None] = mapped_column(BigInteger)
+    expired_at: Mapped[int | None] = mapped_column(BigInteger)
+    cancelling_at: Mapped[int | None] = mapped_column(BigInteger)
+    cancelled_at: Mapped[int | None] = mapped_column(BigInteger)
+
+    # Totals are final once the batch is terminal; while it runs they are summed from shards.
+    total: Mapped[int] = mapped_column(Integer, default=0)
+    completed: Mapped[int] = mapped_column(Integer, default=0)
+    failed: Mapped[int] = mapped_column(Integer, default=0)
+    input_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    cached_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    output_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    reasoning_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+
+    # Lease for the batch-level steps (validation, finalisation).
+    lease_owner: Mapped[str | None] = mapped_column(String(128))
+    lease_epoch: Mapped[int] = mapped_column(Integer, default=0)
+    heartbeat_at: Mapped[float | None] = mapped_column(Float)
+
+
+class Shard(Base):
+    """A run of consecutive input lines that one worker processes under a lease."""
+
+    __tablename__ = "shards"
+    __table_args__ = (
+        CheckConstraint(_in("status", SHARD_STATUSES), name="status"),
+        UniqueConstraint("batch_id", "index", name="uq_shards_batch_index"),
+        Index(
+            "ix_shards_claimable",
+            "batch_id",
+            "status",
+            postgresql_where=text("status IN ('pending', 'running')"),
+            sqlite_where=text("status IN ('pending', 'running')"),
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    batch_id: Mapped[str] = mapped_column(ForeignKey("batches.id"))
+    index: Mapped[int] = mapped_column(Integer)
+    first_line: Mapped[int] = mapped_column(Integer)  # 1-based line number in the input file
+    line_count: Mapped[int] = mapped_column(Integer)
+    byte_start: Mapped[int] = mapped_column(BigInteger)
+    byte_end: Mapped[int] = mapped_column(BigInteger)
+    status: Mapped[str] = mapped_column(String(16), default="pending")
+    lease_owner: Mapped[str | None] = mapped_column(String(128))
+    lease_epoch: Mapped[int] = mapped_column(Integer, default=0)
+    heartbeat_at: Mapped[float | None] = mapped_column(Float)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    # As last checkpointed: always the sums over this shard's result chunks.
+    completed: Mapped[int] = mapped_column(Integer, default=0)
+    failed: Mapped[int] = mapped_column(Integer, default=0)
+    input_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    cached_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    output_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    reasoning_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class ResultChunk(Base):
+    """An immutable stored JSONL object of finished lines, recorded under a shard lease."""
+
+    __tablename__ = "result_chunks"
+    __table_args__ = (UniqueConstraint("shard_id", "epoch", "sequence", name="uq_result_chunks"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    shard_id: Mapped[int] = mapped_column(ForeignKey("shards.id"), index=True)
+    epoch: Mapped[int] = mapped_column(Integer)
+    sequence: Mapped[int] = mapped_column(Integer)
+    storage_key: Mapped[str] = mapped_column(String(512))
+    lines: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class Worker(Base):
+    __tablename__ = "workers"
+
+    id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    host: Mapped[str] = mapped_column(String(256))
+    pid: Mapped[int] = mapped_column(Integer)
+    model: Mapped[str] = mapped_column(String(256))
+    started_at: Mapped[float] = mapped_column(Float)
+    heartbeat_at: Mapped[float] = mapped_column(Float)
+    current_shard_id: Mapped[int | None] = mapped_column(Integer)
+    tokens_per_second: Mapped[float] = mapped_column(Float, default=0.0)
+    stopped_at: Mapped[float | None] = mapped_column(Float)

@@ -1,0 +1,75 @@
+"""Database engine and sessions: SQLite (WAL, immediate transactions) or PostgreSQL."""
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.orm import Session, sessionmaker
+
+import migrations
+from app.config import Settings
+
+
+def _configure_sqlite(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        # Take transaction control from pysqlite so that we can BEGIN IMMEDIATE:
+        # every transaction holds the write lock from its start, so a read-then-write
+        # never fails with SQLITE_BUSY halfway, and busy_timeout makes others wait.
+        dbapi_conn.isolation_level = None
+        cursor = dbapi_conn.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def make_engine(url: str) -> Engine:
+    if url.startswith("sqlite"):
+        path = url.removeprefix("sqlite:///")
+        if path and path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        _configure_sqlite(engine)
+        return engine
+    return create_engine(url, pool_size=10, max_overflow=30, pool_pre_ping=True)
+
+
+@lru_cache
+def engine_for(url: str) -> Engine:
+    return make_engine(url)
+
+
+@lru_cache
+def session_factory(url: str) -> sessionmaker[Session]:
+    return sessionmaker(engine_for(url), expire_on_commit=False)
+
+
+@contextmanager
+def session_scope(settings: Settings) -> Iterator[Session]:
+    """One unit of work outside a request: commits on success, rolls back on error."""
+    with session_factory(settings.sqlalchemy_url)() as session, session.begin():
+        yield session
+
+
+def alembic_config(url: str) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(Path(migrations.__file__).parent))
+    config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return config
+
+
+def upgrade(url: str) -> None:
+    """Bring the database schema to the newest migration."""
+    engine_for(url)  # creates the SQLite folder
+    command.upgrade(alembic_config(url), "head")

@@ -1,0 +1,78 @@
+"""The FastAPI application: OpenAI's Files, Uploads and Batches under `/v1`."""
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.api.routes import files, uploads
+from app.config import Settings, get_settings
+from app.db.session import upgrade
+from app.errors import install_error_handlers
+from app.ids import new_request_id
+
+log = logging.getLogger("overnight.api")
+
+# Long-running loops the API process runs beside the routes (housekeeping, validation).
+BackgroundLoop = Callable[[Settings, asyncio.Event], Awaitable[None]]
+BACKGROUND_LOOPS: list[BackgroundLoop] = []
+
+
+class RequestIdMiddleware:
+    """Puts an `x-request-id` on every response, errors included."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_id = new_request_id()
+        scope.setdefault("state", {})["request_id"] = request_id
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message.setdefault("headers", [])
+                message["headers"].append((b"x-request-id", request_id.encode()))
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(upgrade, settings.sqlalchemy_url)
+        stop = asyncio.Event()
+        tasks = [asyncio.create_task(loop(settings, stop)) for loop in BACKGROUND_LOOPS]
+        try:
+            yield
+        finally:
+            stop.set()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    app = FastAPI(
+        title="overnight",
+        version="0.1.0",
+        summary="A self-hosted OpenAI Batch API running on an embedded vLLM engine.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    install_error_handlers(app)
+    for module in (files, uploads):
+        app.include_router(module.router, prefix="/v1")
+    app.add_middleware(RequestIdMiddleware)
+    return app
+
+
+def app_factory() -> Any:
+    """Entry point for `uvicorn --factory app.main:app_factory`."""
+    return create_app()

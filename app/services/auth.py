@@ -1,0 +1,101 @@
+"""Projects and API keys: who is calling, and which project's objects they see."""
+
+import hashlib
+import secrets
+import time
+from dataclasses import dataclass
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.config import Settings
+from app.db.models import ApiKey, Project
+from app.errors import OpenAIError
+from app.ids import new_id
+
+DEFAULT_PROJECT = "default"
+KEY_PREFIX = "sk-ovn-"
+
+
+@dataclass(frozen=True)
+class Principal:
+    project_id: str
+    role: str  # "admin" or "member"
+
+    @property
+    def is_admin(self) -> bool:
+        return self.role == "admin"
+
+
+def hash_key(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def ensure_project(session: Session, name: str) -> Project:
+    project = session.scalar(select(Project).where(Project.name == name))
+    if project is None:
+        project = Project(id=new_id("proj_"), name=name, created_at=int(time.time()))
+        session.add(project)
+        session.flush()
+    return project
+
+
+def create_key(
+    session: Session, project_name: str, role: str = "member", name: str = ""
+) -> tuple[ApiKey, str]:
+    """Create a key; the secret is returned once and only its hash is kept."""
+    project = ensure_project(session, project_name)
+    secret = KEY_PREFIX + secrets.token_urlsafe(32)
+    key = ApiKey(
+        id=new_id("key_"),
+        project_id=project.id,
+        name=name,
+        key_hash=hash_key(secret),
+        redacted=secret[:10] + "…" + secret[-4:],
+        role=role,
+        created_at=int(time.time()),
+    )
+    session.add(key)
+    session.flush()
+    return key, secret
+
+
+def keys_configured(session: Session, settings: Settings) -> bool:
+    if settings.admin_key:
+        return True
+    return session.scalar(select(ApiKey.seq).where(ApiKey.revoked_at.is_(None)).limit(1)) is not None
+
+
+def _bearer(authorization: str | None) -> str | None:
+    if not authorization:
+        return None
+    scheme, _, token = authorization.partition(" ")
+    return token.strip() or None if scheme.lower() == "bearer" else None
+
+
+def authenticate(session: Session, settings: Settings, authorization: str | None) -> Principal:
+    token = _bearer(authorization)
+    if token is None:
+        if keys_configured(session, settings):
+            raise OpenAIError(
+                "Missing bearer authentication in header. You need to provide your API key in "
+                "an Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).",
+                status_code=401,
+            )
+        return Principal(ensure_project(session, DEFAULT_PROJECT).id, "admin")
+    if settings.admin_key and secrets.compare_digest(token, settings.admin_key):
+        return Principal(ensure_project(session, DEFAULT_PROJECT).id, "admin")
+    key = session.scalar(
+        select(ApiKey).where(ApiKey.key_hash == hash_key(token), ApiKey.revoked_at.is_(None))
+    )
+    if key is None:
+        if not keys_configured(session, settings):
+            # Open mode: any token (the SDK insists on sending one) is the default project.
+            return Principal(ensure_project(session, DEFAULT_PROJECT).id, "admin")
+        raise OpenAIError(
+            f"Incorrect API key provided: {token[:6]}…. You can create keys with "
+            "`overnight keys create --project NAME`.",
+            status_code=401,
+            code="invalid_api_key",
+        )
+    return Principal(key.project_id, key.role)

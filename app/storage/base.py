@@ -1,0 +1,76 @@
+"""The storage interface every backend implements, with the same atomicity rules.
+
+Objects are immutable once written and never visible half-written: a writer
+commits the whole object at once or nothing.
+"""
+
+import hashlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+READ_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class StoredObject:
+    key: str
+    bytes: int
+    sha256: str
+
+
+class Writer(Protocol):
+    key: str
+
+    def write(self, data: bytes) -> None: ...
+
+    @property
+    def bytes_written(self) -> int: ...
+
+    def commit(self) -> StoredObject: ...
+
+    def abort(self) -> None: ...
+
+
+class Storage(Protocol):
+    def writer(self, key: str) -> Writer:
+        """Start an object; nothing is visible until `commit()`."""
+        ...
+
+    def read(self, key: str, start: int = 0, end: int | None = None) -> Iterator[bytes]:
+        """Stream `[start, end)` of an object in chunks."""
+        ...
+
+    def size(self, key: str) -> int: ...
+
+    def exists(self, key: str) -> bool: ...
+
+    def list(self, prefix: str) -> Iterator[str]: ...
+
+    def delete(self, key: str) -> None:
+        """Remove an object; a missing one is not an error."""
+        ...
+
+
+class HashingCounter:
+    """Size and sha256 of what passes through a writer."""
+
+    def __init__(self) -> None:
+        self.sha256 = hashlib.sha256()
+        self.bytes = 0
+
+    def update(self, data: bytes) -> None:
+        self.sha256.update(data)
+        self.bytes += len(data)
+
+
+def put(storage: Storage, key: str, chunks: Iterable[bytes]) -> StoredObject:
+    """Write a whole object from an iterable, atomically."""
+    writer = storage.writer(key)
+    try:
+        for chunk in chunks:
+            writer.write(chunk)
+    except BaseException:
+        writer.abort()
+        raise
+    return writer.commit()

