@@ -9,7 +9,7 @@ from typing import Any
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.api.routes import files, uploads
+from app.api.routes import batches, files, models, uploads
 from app.config import Settings, get_settings
 from app.db.session import upgrade
 from app.errors import install_error_handlers
@@ -67,7 +67,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     install_error_handlers(app)
-    for module in (files, uploads):
+    for module in (files, uploads, batches, models):
         app.include_router(module.router, prefix="/v1")
     app.add_middleware(RequestIdMiddleware)
     return app
