@@ -29,7 +29,9 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         try:
-            return all(ipaddress.ip_address(a[4][0]).is_loopback for a in socket.getaddrinfo(host, None))
+            return all(
+                ipaddress.ip_address(a[4][0]).is_loopback for a in socket.getaddrinfo(host, None)
+            )
         except OSError:
             return False
 
@@ -84,7 +86,9 @@ def cmd_keys_create(args: argparse.Namespace) -> int:
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data-dir", dest="data_dir", help="where the SQLite file and stored files live")
+    parser.add_argument(
+        "--data-dir", dest="data_dir", help="where the SQLite file and stored files live"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -98,12 +102,16 @@ def build_parser() -> argparse.ArgumentParser:
         _common(p)
         p.set_defaults(func=cmd_api)
 
-    db = sub.add_parser("db", help="database schema").add_subparsers(dest="db_command", required=True)
+    db = sub.add_parser("db", help="database schema").add_subparsers(
+        dest="db_command", required=True
+    )
     p = db.add_parser("upgrade", help="apply every migration")
     _common(p)
     p.set_defaults(func=cmd_db_upgrade)
 
-    keys = sub.add_parser("keys", help="API keys").add_subparsers(dest="keys_command", required=True)
+    keys = sub.add_parser("keys", help="API keys").add_subparsers(
+        dest="keys_command", required=True
+    )
     p = keys.add_parser("create", help="create a key for a project and print it")
     p.add_argument("--project", required=True)
     p.add_argument("--role", choices=["member", "admin"], default="member")

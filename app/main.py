@@ -2,7 +2,7 @@
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -18,7 +18,7 @@ from app.ids import new_request_id
 log = logging.getLogger("overnight.api")
 
 # Long-running loops the API process runs beside the routes (housekeeping, validation).
-BackgroundLoop = Callable[[Settings, asyncio.Event], Awaitable[None]]
+BackgroundLoop = Callable[[Settings, asyncio.Event], Coroutine[Any, Any, None]]
 BACKGROUND_LOOPS: list[BackgroundLoop] = []
 
 

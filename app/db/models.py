@@ -5,7 +5,7 @@ integer `seq` so that lists page in creation order with no ties.
 Timestamps shown to users are Unix seconds (int); lease clocks are float seconds.
 """
 
-from typing import Any
+from typing import Any, ClassVar
 
 from sqlalchemy import (
     JSON,
@@ -52,7 +52,7 @@ def _in(column: str, values: tuple[str, ...]) -> str:
 
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
-    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
+    type_annotation_map: ClassVar[dict[Any, Any]] = {dict[str, Any]: JSON, list[Any]: JSON}
 
 
 class Project(Base):

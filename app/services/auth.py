@@ -63,7 +63,9 @@ def create_key(
 def keys_configured(session: Session, settings: Settings) -> bool:
     if settings.admin_key:
         return True
-    return session.scalar(select(ApiKey.seq).where(ApiKey.revoked_at.is_(None)).limit(1)) is not None
+    return (
+        session.scalar(select(ApiKey.seq).where(ApiKey.revoked_at.is_(None)).limit(1)) is not None
+    )
 
 
 def _bearer(authorization: str | None) -> str | None:
