@@ -1,0 +1,90 @@
+"""Wire shapes of the Batches API, with OpenAI's names (`openai.types.Batch`)."""
+
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from app.schemas.common import ExpiresAfter, RequestModel
+
+BatchStatus = Literal[
+    "validating",
+    "failed",
+    "in_progress",
+    "finalizing",
+    "completed",
+    "expired",
+    "cancelling",
+    "cancelled",
+]
+
+
+class CreateBatchRequest(RequestModel):
+    """`POST /v1/batches`; `endpoint` and `completion_window` are checked by the service."""
+
+    input_file_id: str
+    endpoint: str
+    completion_window: str
+    metadata: dict[str, str] | None = None
+    # Expiry of the output and error files, anchored at their creation.
+    output_expires_after: ExpiresAfter | None = None
+
+
+class BatchError(BaseModel):
+    code: str
+    message: str
+    param: str | None = None
+    line: int | None = None
+
+
+class BatchErrors(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[BatchError]
+
+
+class BatchRequestCounts(BaseModel):
+    total: int = 0
+    completed: int = 0
+    failed: int = 0
+
+
+class InputTokensDetails(BaseModel):
+    cached_tokens: int = 0
+
+
+class OutputTokensDetails(BaseModel):
+    reasoning_tokens: int = 0
+
+
+class BatchUsage(BaseModel):
+    input_tokens: int = 0
+    input_tokens_details: InputTokensDetails = InputTokensDetails()
+    output_tokens: int = 0
+    output_tokens_details: OutputTokensDetails = OutputTokensDetails()
+    total_tokens: int = 0
+
+
+class BatchObject(BaseModel):
+    """The Batch object; every key is always present, unset ones as `null`."""
+
+    id: str
+    object: Literal["batch"] = "batch"
+    endpoint: str
+    model: str | None
+    errors: BatchErrors | None
+    input_file_id: str
+    completion_window: str
+    status: BatchStatus
+    output_file_id: str | None
+    error_file_id: str | None
+    created_at: int
+    in_progress_at: int | None
+    expires_at: int | None
+    finalizing_at: int | None
+    completed_at: int | None
+    failed_at: int | None
+    expired_at: int | None
+    cancelling_at: int | None
+    cancelled_at: int | None
+    request_counts: BatchRequestCounts
+    usage: BatchUsage
+    metadata: dict[str, Any] | None

@@ -1,0 +1,76 @@
+"""The batch-level lease that validation and finalisation run under.
+
+Whoever moves a batch through a long step (reading its input, writing its
+output) holds `batches.lease_owner` with a fresh `lease_epoch` and renews
+`heartbeat_at`. A holder that dies stops renewing; after `lease_seconds` anyone
+may take the batch over, and every write of the old holder is refused because
+its epoch is no longer the batch's.
+"""
+
+import time
+from dataclasses import dataclass
+
+from sqlalchemy import ColumnElement, or_, update
+from sqlalchemy.orm import Session
+
+from app.config import Settings
+from app.db.models import Batch
+from app.db.session import session_scope
+
+
+@dataclass(frozen=True)
+class Lease:
+    batch_id: str
+    owner: str
+    epoch: int
+
+
+def lease_is_free(settings: Settings, now: float) -> ColumnElement[bool]:
+    """SQL condition: nobody holds the batch's lease, or its holder stopped renewing it."""
+    return or_(
+        Batch.lease_owner.is_(None),
+        Batch.heartbeat_at.is_(None),
+        Batch.heartbeat_at < now - settings.lease_seconds,
+    )
+
+
+def take(session: Session, batch_id: str, seen_epoch: int, owner: str) -> Lease | None:
+    """Takes the lease if its epoch is still `seen_epoch` (compare-and-set)."""
+    result = session.execute(
+        update(Batch)
+        .where(Batch.id == batch_id, Batch.lease_epoch == seen_epoch)
+        .values(lease_owner=owner, lease_epoch=seen_epoch + 1, heartbeat_at=time.time())
+        .execution_options(synchronize_session=False)
+    )
+    return Lease(batch_id, owner, seen_epoch + 1) if _rowcount(result) == 1 else None
+
+
+def renew(settings: Settings, lease: Lease, *statuses: str) -> bool:
+    """Renews the heartbeat; False if the lease was lost or the status left `statuses`."""
+    with session_scope(settings) as session:
+        condition = [Batch.id == lease.batch_id, Batch.lease_epoch == lease.epoch]
+        if statuses:
+            condition.append(Batch.status.in_(statuses))
+        result = session.execute(
+            update(Batch)
+            .where(*condition)
+            .values(heartbeat_at=time.time())
+            .execution_options(synchronize_session=False)
+        )
+        return _rowcount(result) == 1
+
+
+def release(settings: Settings, lease: Lease) -> None:
+    """Gives the lease up at once (if still held) so the next step need not wait for expiry."""
+    with session_scope(settings) as session:
+        session.execute(
+            update(Batch)
+            .where(Batch.id == lease.batch_id, Batch.lease_epoch == lease.epoch)
+            .values(lease_owner=None, heartbeat_at=None)
+            .execution_options(synchronize_session=False)
+        )
+
+
+def _rowcount(result: object) -> int:
+    count: int = getattr(result, "rowcount", 0)
+    return count

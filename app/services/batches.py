@@ -1,0 +1,258 @@
+"""The Batches API's work: create (synchronous checks), retrieve, list and cancel."""
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from app.config import Settings
+from app.db.models import TERMINAL_BATCH_STATUSES, Batch, Shard
+from app.errors import OpenAIError, not_found
+from app.ids import new_batch_id
+from app.schemas.batches import (
+    BatchErrors,
+    BatchObject,
+    BatchRequestCounts,
+    BatchUsage,
+    CreateBatchRequest,
+    InputTokensDetails,
+    OutputTokensDetails,
+)
+from app.schemas.common import ListObject
+from app.services.files import get_file
+from app.services.pagination import check_limit, paginate
+
+# What the worker executes; OpenAI's other batch endpoints are refused at create.
+SUPPORTED_ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+CANCELLABLE_STATUSES = ("validating", "in_progress", "finalizing")
+MAX_METADATA_PAIRS = 16
+MAX_METADATA_KEY_CHARS = 64
+MAX_METADATA_VALUE_CHARS = 512
+DEFAULT_LIST_LIMIT = 20
+MAX_LIST_LIMIT = 100
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Request counts and token sums, as persisted."""
+
+    completed: int = 0
+    failed: int = 0
+    input_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    reasoning_tokens: int = 0
+
+
+def create_batch(
+    session: Session, settings: Settings, project_id: str, params: CreateBatchRequest
+) -> BatchObject:
+    """Checks the request, records a `validating` batch and commits; validation follows."""
+    _check_endpoint(params.endpoint)
+    window_seconds = _window_seconds(settings, params.completion_window)
+    _check_metadata(params.metadata)
+    input_file = get_file(session, project_id, params.input_file_id, param="input_file_id")
+    if input_file.purpose != "batch":
+        raise OpenAIError(
+            f"Invalid 'input_file_id': {input_file.id} has purpose '{input_file.purpose}'. "
+            "A batch's input file must be uploaded with purpose 'batch'.",
+            param="input_file_id",
+            code="invalid_value",
+        )
+    now = int(time.time())
+    batch = Batch(
+        id=new_batch_id(),
+        project_id=project_id,
+        endpoint=params.endpoint,
+        input_file_id=input_file.id,
+        completion_window=params.completion_window,
+        status="validating",
+        metadata_=params.metadata,
+        output_expires_after=(
+            params.output_expires_after.seconds if params.output_expires_after else None
+        ),
+        created_at=now,
+        expires_at=now + window_seconds,
+    )
+    session.add(batch)
+    session.commit()
+    return to_wire(batch, Progress())
+
+
+def _check_endpoint(endpoint: str) -> None:
+    if endpoint not in SUPPORTED_ENDPOINTS:
+        raise OpenAIError(
+            f"Invalid value for 'endpoint': '{endpoint}'. This server executes batches for "
+            f"{', '.join(SUPPORTED_ENDPOINTS)}.",
+            param="endpoint",
+            code="invalid_value",
+        )
+
+
+def _window_seconds(settings: Settings, window: str) -> int:
+    seconds = settings.completion_windows.get(window)
+    if seconds is None:
+        accepted = ", ".join(f"'{w}'" for w in settings.completion_windows)
+        raise OpenAIError(
+            f"Invalid value for 'completion_window': '{window}'. Supported values are: {accepted}.",
+            param="completion_window",
+            code="invalid_value",
+        )
+    return seconds
+
+
+def _check_metadata(metadata: dict[str, str] | None) -> None:
+    if metadata is None:
+        return
+    if len(metadata) > MAX_METADATA_PAIRS:
+        raise OpenAIError(
+            f"Invalid 'metadata': too many properties. Expected an object with at most "
+            f"{MAX_METADATA_PAIRS} properties, but got an object with {len(metadata)} "
+            "properties instead.",
+            param="metadata",
+            code="object_above_max_properties",
+        )
+    for key, value in metadata.items():
+        if len(key) > MAX_METADATA_KEY_CHARS:
+            raise _too_long("metadata", MAX_METADATA_KEY_CHARS, len(key), "metadata key")
+        if len(value) > MAX_METADATA_VALUE_CHARS:
+            raise _too_long(f"metadata.{key}", MAX_METADATA_VALUE_CHARS, len(value), "string")
+
+
+def _too_long(param: str, limit: int, got: int, what: str) -> OpenAIError:
+    return OpenAIError(
+        f"Invalid '{param}': string too long. Expected a {what} with maximum length {limit}, "
+        f"but got a {what} with length {got} instead.",
+        param=param,
+        code="string_above_max_length",
+    )
+
+
+def get_batch(session: Session, project_id: str, batch_id: str) -> BatchObject:
+    batch = _find(session, project_id, batch_id)
+    return _present(session, [batch])[0]
+
+
+def list_batches(
+    session: Session, project_id: str, after: str | None, limit: int
+) -> ListObject[BatchObject]:
+    """Newest first; `after` is the id of the last batch of the previous page."""
+    check_limit(limit, MAX_LIST_LIMIT)
+    page = paginate(
+        session,
+        Batch,
+        scope=[Batch.project_id == project_id],
+        after=after,
+        limit=limit,
+        order="desc",
+    )
+    return ListObject[BatchObject].of(_present(session, page.rows), page.has_more)
+
+
+def cancel_batch(session: Session, project_id: str, batch_id: str) -> BatchObject:
+    """`cancelling` now; the finaliser (housekeeping or a worker) ends it `cancelled`."""
+    session.execute(
+        update(Batch)
+        .where(
+            Batch.id == batch_id,
+            Batch.project_id == project_id,
+            Batch.status.in_(CANCELLABLE_STATUSES),
+        )
+        .values(status="cancelling", cancelling_at=int(time.time()))
+        .execution_options(synchronize_session=False)
+    )
+    batch = _find(session, project_id, batch_id)
+    session.commit()
+    if batch.status in ("failed", "completed", "expired"):
+        raise OpenAIError(
+            f"Cannot cancel a batch with status '{batch.status}'.",
+            status_code=409,
+            type="invalid_request_error",
+        )
+    return _present(session, [batch])[0]
+
+
+def _find(session: Session, project_id: str, batch_id: str) -> Batch:
+    batch = session.scalar(
+        select(Batch)
+        .where(Batch.id == batch_id, Batch.project_id == project_id)
+        .execution_options(populate_existing=True)
+    )
+    if batch is None:
+        raise not_found("Batch", batch_id)
+    return batch
+
+
+def _present(session: Session, batches: Sequence[Batch]) -> list[BatchObject]:
+    live = live_progress(
+        session, [b.id for b in batches if b.status not in TERMINAL_BATCH_STATUSES]
+    )
+    session.commit()  # end the read transaction before the response is sent
+    return [to_wire(b, live.get(b.id, Progress())) for b in batches]
+
+
+def live_progress(session: Session, batch_ids: Iterable[str]) -> dict[str, Progress]:
+    """Sums over the shards: what workers have persisted so far, per batch."""
+    ids = list(batch_ids)
+    if not ids:
+        return {}
+    rows = session.execute(
+        select(
+            Shard.batch_id,
+            func.sum(Shard.completed),
+            func.sum(Shard.failed),
+            func.sum(Shard.input_tokens),
+            func.sum(Shard.cached_tokens),
+            func.sum(Shard.output_tokens),
+            func.sum(Shard.reasoning_tokens),
+        )
+        .where(Shard.batch_id.in_(ids))
+        .group_by(Shard.batch_id)
+    ).all()
+    return {row[0]: Progress(*(int(v or 0) for v in row[1:])) for row in rows}
+
+
+def to_wire(batch: Batch, live: Progress) -> BatchObject:
+    """The Batch object; a terminal batch shows its own final totals, a running one `live`."""
+    if batch.status in TERMINAL_BATCH_STATUSES:
+        live = Progress(
+            batch.completed,
+            batch.failed,
+            batch.input_tokens,
+            batch.cached_tokens,
+            batch.output_tokens,
+            batch.reasoning_tokens,
+        )
+    return BatchObject(
+        id=batch.id,
+        endpoint=batch.endpoint,
+        model=batch.model,
+        errors=BatchErrors(data=batch.errors) if batch.errors else None,
+        input_file_id=batch.input_file_id,
+        completion_window=batch.completion_window,
+        status=batch.status,  # type: ignore[arg-type]
+        output_file_id=batch.output_file_id,
+        error_file_id=batch.error_file_id,
+        created_at=batch.created_at,
+        in_progress_at=batch.in_progress_at,
+        expires_at=batch.expires_at,
+        finalizing_at=batch.finalizing_at,
+        completed_at=batch.completed_at,
+        failed_at=batch.failed_at,
+        expired_at=batch.expired_at,
+        cancelling_at=batch.cancelling_at,
+        cancelled_at=batch.cancelled_at,
+        request_counts=BatchRequestCounts(
+            total=batch.total or 0, completed=live.completed, failed=live.failed
+        ),
+        usage=BatchUsage(
+            input_tokens=live.input_tokens,
+            input_tokens_details=InputTokensDetails(cached_tokens=live.cached_tokens),
+            output_tokens=live.output_tokens,
+            output_tokens_details=OutputTokensDetails(reasoning_tokens=live.reasoning_tokens),
+            total_tokens=live.input_tokens + live.output_tokens,
+        ),
+        metadata=batch.metadata_,
+    )

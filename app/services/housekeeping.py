@@ -1,0 +1,110 @@
+"""The API process's background work: validate new batches, finalise ready ones, expire files.
+
+Two loops run side by side so that a long finalisation never delays the
+validation of a newly created batch. Each wakes every
+`housekeeping_interval_seconds`, or at once when `wake()` is called (by the
+create and cancel routes). Every step is a lease-guarded, restartable unit, so
+any number of API replicas may run these loops against one database.
+"""
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+from app.config import Settings
+from app.db.session import session_scope
+from app.services.files import expire_files
+from app.services.finalizer import finalize_ready_batches
+from app.services.validation import validate_pending
+from app.storage import LocalStorage, storage_for
+
+log = logging.getLogger("overnight.housekeeping")
+
+# Storage temp files older than this belong to a writer that died.
+STALE_TEMP_SECONDS = 24 * 3600
+
+_wakers: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
+_wakers_lock = threading.Lock()
+
+
+def wake(settings: Settings) -> None:
+    """Wakes every housekeeping loop of this process that serves the same database."""
+    with _wakers_lock:
+        targets = list(_wakers.get(settings.sqlalchemy_url, ()))
+    for loop, event in targets:
+        with contextlib.suppress(RuntimeError):  # that loop has closed
+            loop.call_soon_threadsafe(event.set)
+
+
+def _register(settings: Settings, event: asyncio.Event) -> Callable[[], None]:
+    entry = (asyncio.get_running_loop(), event)
+    with _wakers_lock:
+        _wakers.setdefault(settings.sqlalchemy_url, []).append(entry)
+
+    def unregister() -> None:
+        with _wakers_lock:
+            _wakers[settings.sqlalchemy_url].remove(entry)
+
+    return unregister
+
+
+def owner_name(role: str) -> str:
+    """A lease owner id unique to this process."""
+    return f"{role}:{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+def _validate(settings: Settings, owner: str) -> None:
+    if validate_pending(settings, owner):
+        wake(settings)  # a batch cancelled while validating can now be finalised
+
+
+def tidy(settings: Settings, owner: str) -> None:
+    """One pass of everything but validation: finalise, expire files, sweep temp files."""
+    storage = storage_for(str(settings.storage_dir))
+    finalize_ready_batches(settings, owner, storage)
+    with session_scope(settings) as session:
+        expire_files(session, storage, int(time.time()))
+    if isinstance(storage, LocalStorage):
+        storage.sweep_temp(STALE_TEMP_SECONDS)
+
+
+async def housekeeping_loop(settings: Settings, stop: asyncio.Event) -> None:
+    """Runs until `stop` is set; the API's lifespan starts it."""
+    owner = owner_name("api")
+    validate_wake, tidy_wake = asyncio.Event(), asyncio.Event()
+    unregister = [_register(settings, validate_wake), _register(settings, tidy_wake)]
+    try:
+        await asyncio.gather(
+            _repeat(settings, stop, validate_wake, lambda: _validate(settings, owner)),
+            _repeat(settings, stop, tidy_wake, lambda: tidy(settings, owner)),
+        )
+    finally:
+        for undo in unregister:
+            undo()
+
+
+async def _repeat(
+    settings: Settings, stop: asyncio.Event, wake_event: asyncio.Event, step: Callable[[], object]
+) -> None:
+    while not stop.is_set():
+        wake_event.clear()
+        try:
+            await asyncio.to_thread(step)
+        except Exception:
+            log.exception("housekeeping step failed; retrying at the next interval")
+        await _sleep(stop, wake_event, settings.housekeeping_interval_seconds)
+
+
+async def _sleep(stop: asyncio.Event, wake_event: asyncio.Event, seconds: float) -> None:
+    waits = [asyncio.create_task(stop.wait()), asyncio.create_task(wake_event.wait())]
+    try:
+        await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in waits:
+            task.cancel()

@@ -1,0 +1,415 @@
+"""Asynchronous validation of a batch's input file: `validating` → `in_progress` or `failed`.
+
+The file is streamed once. Every problem is recorded with its 1-based line (up
+to `settings.max_reported_errors`); a clean file is cut into shards with their
+byte ranges. Validation runs under the batch lease and ends in one fenced
+transaction, so a validator killed at any point is simply replaced by the next
+one after `lease_seconds`, and the shards are written exactly once.
+"""
+
+import hashlib
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from sqlalchemy import select
+
+from app.config import Settings
+from app.db.models import Batch, File, Shard
+from app.db.session import session_scope
+from app.schemas.batches import BatchError
+from app.services import batch_lease
+from app.services.batch_lease import Lease
+from app.services.jsonl import scan_lines
+from app.storage import Storage, storage_for
+
+log = logging.getLogger("overnight.validation")
+
+# A file whose validation keeps killing its validator fails instead of looping forever.
+MAX_VALIDATION_ATTEMPTS = 5
+_HEARTBEAT_CHECK_LINES = 256
+
+
+def _error(
+    code: str, message: str, line: int | None = None, param: str | None = None
+) -> BatchError:
+    return BatchError(code=code, message=message, param=param, line=line)
+
+
+def _show(value: object, limit: int = 64) -> str:
+    text = value if isinstance(value, str) else orjson.dumps(value).decode()
+    return repr(text if len(text) <= limit else text[:limit] + "…")
+
+
+_JSON_TYPES = {dict: "an object", list: "an array", str: "a string", bool: "a boolean"}
+
+
+def _type_name(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    return _JSON_TYPES.get(type(value), "a value")
+
+
+@dataclass
+class ShardPlan:
+    index: int
+    first_line: int
+    byte_start: int
+    line_count: int = 0
+
+
+@dataclass
+class Outcome:
+    """What reading the file found: problems, or shards ready to run."""
+
+    errors: list[BatchError] = field(default_factory=list)
+    shards: list[ShardPlan] = field(default_factory=list)
+    total: int = 0
+    model: str | None = None
+    size: int = 0
+
+
+class LineChecker:
+    """Checks one request line against the batch; remembers custom_ids and the file's model."""
+
+    def __init__(self, settings: Settings, endpoint: str) -> None:
+        self.settings = settings
+        self.endpoint = endpoint
+        self.model: str | None = None
+        # custom_id digests, not the strings: memory stays small however long the ids are.
+        self._seen: dict[bytes, int] = {}
+        self._model_errors: dict[str, tuple[str, str] | None] = {}
+
+    def check(self, line_no: int, raw: bytes) -> BatchError | None:
+        try:
+            request = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return self._unparseable(line_no, raw)
+        if not isinstance(request, dict):
+            return _error(
+                "invalid_json_line",
+                f"This line is not a JSON object (it is {_type_name(request)}).",
+                line_no,
+            )
+        return self._check_request(line_no, request)
+
+    @staticmethod
+    def _unparseable(line_no: int, raw: bytes) -> BatchError:
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            return _error(
+                "invalid_utf8",
+                f"This line is not valid UTF-8 (invalid byte at column {exc.start + 1}).",
+                line_no,
+            )
+        return _error("invalid_json_line", "This line is not parseable as valid JSON.", line_no)
+
+    def _check_request(self, line_no: int, request: dict[str, Any]) -> BatchError | None:
+        custom_id = request.get("custom_id")
+        if (problem := _require(line_no, "custom_id", custom_id, str)) is not None:
+            return problem
+        assert isinstance(custom_id, str)
+        if (problem := self._check_unique(line_no, custom_id)) is not None:
+            return problem
+        method = request.get("method")
+        if method is None:
+            return _missing(line_no, "method")
+        if method != "POST":
+            return _error(
+                "invalid_method",
+                f"Invalid value for 'method': {_show(method)}. Only 'POST' is supported.",
+                line_no,
+                "method",
+            )
+        url = request.get("url")
+        if url is None:
+            return _missing(line_no, "url")
+        if url != self.endpoint:
+            return _error(
+                "url_mismatch",
+                f"The url {_show(url)} does not match the batch's endpoint {self.endpoint!r}; "
+                "every line's url must equal the endpoint the batch was created with.",
+                line_no,
+                "url",
+            )
+        body = request.get("body")
+        if (problem := _require(line_no, "body", body, dict)) is not None:
+            return problem
+        assert isinstance(body, dict)
+        model = body.get("model")
+        if (problem := _require(line_no, "body.model", model, str)) is not None:
+            return problem
+        assert isinstance(model, str)
+        return self._check_model(line_no, model)
+
+    def _check_unique(self, line_no: int, custom_id: str) -> BatchError | None:
+        digest = hashlib.blake2b(custom_id.encode("utf-8", "surrogatepass"), digest_size=16)
+        first = self._seen.setdefault(digest.digest(), line_no)
+        if first == line_no:
+            return None
+        return _error(
+            "duplicate_custom_id",
+            f"The custom_id {_show(custom_id)} is already used on line {first}; "
+            "custom_id values must be unique within a batch.",
+            line_no,
+            "custom_id",
+        )
+
+    def _check_model(self, line_no: int, model: str) -> BatchError | None:
+        if self.model is None:
+            self.model = model
+        elif model != self.model:
+            return _error(
+                "mismatched_model",
+                f"The model {_show(model)} differs from the model {_show(self.model)} of the "
+                "first request; a batch file may use only one model.",
+                line_no,
+                "body.model",
+            )
+        if model not in self._model_errors:
+            self._model_errors[model] = self._model_problem(model)
+        problem = self._model_errors[model]
+        return None if problem is None else _error(*problem, line_no, "body.model")
+
+    def _model_problem(self, model: str) -> tuple[str, str] | None:
+        served = self.settings.served_model(model)
+        if served is None:
+            names = ", ".join(m.name for m in self.settings.models) or "none"
+            return (
+                "model_not_found",
+                f"The model {_show(model)} does not exist or is not served by this deployment. "
+                f"Served models: {names}.",
+            )
+        if self.endpoint not in served.endpoints:
+            return (
+                "model_endpoint_mismatch",
+                f"The model {_show(model)} does not serve {self.endpoint}; "
+                f"it serves {', '.join(served.endpoints)}.",
+            )
+        return None
+
+
+def _missing(line_no: int, param: str) -> BatchError:
+    return _error(
+        "missing_required_parameter", f"Missing required parameter: '{param}'.", line_no, param
+    )
+
+
+def _require(line_no: int, param: str, value: object, kind: type) -> BatchError | None:
+    if value is None:
+        return _missing(line_no, param)
+    if isinstance(value, kind):
+        return None
+    expected = _JSON_TYPES[kind]
+    return _error(
+        "invalid_type",
+        f"Invalid type for '{param}': expected {expected}, but got {_type_name(value)}.",
+        line_no,
+        param,
+    )
+
+
+def read_input(
+    settings: Settings,
+    storage: Storage,
+    key: str,
+    endpoint: str,
+    heartbeat: "Heartbeat | None" = None,
+) -> Outcome | None:
+    """Streams the file once; None if the heartbeat says to stop (lease lost, batch cancelled)."""
+    outcome = Outcome(size=storage.size(key))
+    checker = LineChecker(settings, endpoint)
+    limit, shard_lines = settings.max_batch_requests, settings.shard_lines
+    for line_no, offset, raw in _lines(storage, key):
+        if outcome.total % _HEARTBEAT_CHECK_LINES == 0 and heartbeat and not heartbeat.beat():
+            return None
+        if outcome.total == limit:
+            outcome.errors.append(_too_many(limit, line_no))
+            break
+        if outcome.total % shard_lines == 0:
+            outcome.shards.append(ShardPlan(len(outcome.shards), line_no, offset))
+        outcome.shards[-1].line_count += 1
+        outcome.total += 1
+        problem = checker.check(line_no, raw)
+        if problem is not None:
+            outcome.errors.append(problem)
+            if len(outcome.errors) >= settings.max_reported_errors:
+                break
+    outcome.model = checker.model
+    if outcome.total == 0 and not outcome.errors:
+        outcome.errors.append(_error("empty_file", "The batch input file contains no requests."))
+    return outcome
+
+
+def _lines(storage: Storage, key: str) -> Iterator[tuple[int, int, bytes]]:
+    return scan_lines(storage.read(key))
+
+
+def _too_many(limit: int, line_no: int) -> BatchError:
+    return _error(
+        "too_many_tasks",
+        f"The batch input file has more than {limit:,} requests, the most one batch may hold.",
+        line_no,
+    )
+
+
+class Heartbeat:
+    """Renews the validation lease at most every third of `lease_seconds`."""
+
+    def __init__(self, settings: Settings, lease: Lease) -> None:
+        self.settings = settings
+        self.lease = lease
+        self._next = time.monotonic() + settings.lease_seconds / 3
+
+    def beat(self) -> bool:
+        if time.monotonic() < self._next:
+            return True
+        self._next = time.monotonic() + self.settings.lease_seconds / 3
+        return batch_lease.renew(self.settings, self.lease, "validating")
+
+
+@dataclass(frozen=True)
+class InputFile:
+    storage_key: str
+    bytes: int
+    endpoint: str
+
+
+def claim_next(settings: Settings, owner: str) -> tuple[Lease, InputFile | None] | None:
+    """Takes the lease of the oldest `validating` batch nobody is validating."""
+    now = time.time()
+    with session_scope(settings) as session:
+        rows = session.execute(
+            select(Batch.id, Batch.lease_epoch)
+            .where(Batch.status == "validating", batch_lease.lease_is_free(settings, now))
+            .order_by(Batch.seq)
+            .limit(8)
+            .with_for_update(skip_locked=True)
+        ).all()
+        for batch_id, epoch in rows:
+            lease = batch_lease.take(session, batch_id, epoch, owner)
+            if lease is not None:
+                return lease, _input_file(session, batch_id)
+    return None
+
+
+def _input_file(session: Any, batch_id: str) -> InputFile | None:
+    # A deleted input file keeps its bytes while a batch still reads it; only they matter.
+    row = session.execute(
+        select(File.storage_key, File.bytes, Batch.endpoint)
+        .join(Batch, Batch.input_file_id == File.id)
+        .where(Batch.id == batch_id)
+    ).one()
+    return InputFile(row.storage_key, row.bytes, row.endpoint) if row.storage_key else None
+
+
+def validate(settings: Settings, storage: Storage, lease: Lease, source: InputFile | None) -> str:
+    """Validates one claimed batch and records the result; returns the batch's new status."""
+    if lease.epoch > MAX_VALIDATION_ATTEMPTS:
+        message = (
+            f"Validation of the input file was interrupted {MAX_VALIDATION_ATTEMPTS} times; "
+            "the batch was given up."
+        )
+        return record(settings, lease, Outcome(errors=[_error("validation_interrupted", message)]))
+    if source is None or not storage.exists(source.storage_key):
+        message = "The input file was deleted before the batch could be validated."
+        return record(
+            settings,
+            lease,
+            Outcome(errors=[_error("file_not_found", message, None, "input_file_id")]),
+        )
+    if source.bytes > settings.max_batch_file_bytes:
+        return record(settings, lease, Outcome(errors=[_too_large(settings, source.bytes)]))
+    outcome = read_input(
+        settings, storage, source.storage_key, source.endpoint, Heartbeat(settings, lease)
+    )
+    if outcome is None:
+        batch_lease.release(settings, lease)
+        return "abandoned"
+    return record(settings, lease, outcome)
+
+
+def _too_large(settings: Settings, size: int) -> BatchError:
+    limit = settings.max_batch_file_bytes
+    return _error(
+        "file_too_large",
+        f"The batch input file is {size:,} bytes; the most a batch input file may be is "
+        f"{limit:,} bytes ({limit / 1_000_000:g} MB).",
+        None,
+        "input_file_id",
+    )
+
+
+def record(settings: Settings, lease: Lease, outcome: Outcome) -> str:
+    """The one fenced transaction that ends validation: shards + `in_progress`, or `failed`."""
+    with session_scope(settings) as session:
+        batch = session.scalar(
+            select(Batch)
+            .where(
+                Batch.id == lease.batch_id,
+                Batch.lease_epoch == lease.epoch,
+                Batch.status == "validating",
+            )
+            .with_for_update()
+        )
+        if batch is None:
+            status = "abandoned"
+        else:
+            _apply(session, batch, outcome)
+            status = batch.status
+        # Released even when fenced off: a cancel arriving mid-read is finished by the finaliser.
+    if status == "abandoned":
+        batch_lease.release(settings, lease)
+    return status
+
+
+def _apply(session: Any, batch: Batch, outcome: Outcome) -> None:
+    now = int(time.time())
+    batch.lease_owner = None
+    batch.heartbeat_at = None
+    if outcome.errors:
+        batch.status = "failed"
+        batch.failed_at = now
+        batch.errors = [e.model_dump() for e in outcome.errors]
+        return
+    batch.status = "in_progress"
+    batch.in_progress_at = now
+    batch.total = outcome.total
+    batch.model = outcome.model
+    ends = [s.byte_start for s in outcome.shards[1:]] + [outcome.size]
+    session.add_all(
+        Shard(
+            batch_id=batch.id,
+            index=plan.index,
+            first_line=plan.first_line,
+            line_count=plan.line_count,
+            byte_start=plan.byte_start,
+            byte_end=end,
+        )
+        for plan, end in zip(outcome.shards, ends, strict=True)
+    )
+
+
+def validate_pending(settings: Settings, owner: str, storage: Storage | None = None) -> int:
+    """Validates every claimable `validating` batch; returns how many were finished."""
+    storage = storage or storage_for(str(settings.storage_dir))
+    done = 0
+    while (claimed := claim_next(settings, owner)) is not None:
+        lease, source = claimed
+        try:
+            status = validate(settings, storage, lease, source)
+        except Exception:
+            log.exception("validation of %s failed; another attempt follows", lease.batch_id)
+            batch_lease.release(settings, lease)
+            return done
+        log.info("batch %s validated: %s", lease.batch_id, status)
+        done += 1
+    return done
