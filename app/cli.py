@@ -118,12 +118,40 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name")
     _common(p)
     p.set_defaults(func=cmd_keys_create)
+    # Everything after `worker` goes to vLLM's own parser: `overnight worker --help` lists it all.
+    p = sub.add_parser(
+        "worker", help="run batch requests on an embedded vLLM engine", add_help=False
+    )
+    p.set_defaults(func=cmd_worker)
+    models = sub.add_parser("models", help="bundled models").add_subparsers(
+        dest="models_command", required=True
+    )
+    p = models.add_parser("prepare", help="convert the bundled chat model once, ahead of time")
+    _common(p)
+    p.set_defaults(func=cmd_models_prepare)
     return parser
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from worker.cli import main as worker_main
+
+    return worker_main(args.extra)
+
+
+def cmd_models_prepare(args: argparse.Namespace) -> int:
+    from worker.models import ensure_converted
+
+    print(ensure_converted(_settings(args).data_dir))
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command != "worker":
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.extra = extra
     result: int = args.func(args)
     return result
 

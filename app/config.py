@@ -60,6 +60,12 @@ class Settings(BaseSettings):
 
     lease_seconds: float = 30.0
     housekeeping_interval_seconds: float = 5.0
+    # Worker: how often finished lines are stored and counted (also the shard heartbeat and
+    # how fast a cancel or an expiry is noticed), how often an idle worker looks for work,
+    # and how long SIGTERM lets in-flight requests finish before releasing their shards.
+    worker_checkpoint_seconds: float = 0.5
+    worker_poll_seconds: float = 1.0
+    worker_drain_seconds: float = 10.0
 
     @model_validator(mode="after")
     def _check(self) -> "Settings":

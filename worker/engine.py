@@ -1,0 +1,226 @@
+"""The one module that touches vLLM internals (pinned: vLLM 0.32).
+
+It builds the engine client and vLLM's OpenAI serving objects in process, the way
+`vllm/entrypoints/launchers/run_batch.py` does, so each line gets the body `vllm serve`
+would answer. Everything else in the worker sees only `Engine`.
+"""
+
+from argparse import Namespace
+from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any, Protocol
+
+import orjson
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+EMBEDDINGS = "/v1/embeddings"
+
+
+@dataclass(frozen=True)
+class Usage:
+    input_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    reasoning_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class EngineResult:
+    """One line's answer: the HTTP status and JSON body the endpoint would send."""
+
+    status_code: int
+    body: dict[str, Any]
+    usage: Usage
+
+    @property
+    def ok(self) -> bool:
+        return 200 <= self.status_code < 300
+
+
+class Engine(Protocol):
+    """What the scheduler needs from an engine; `tests` have a scripted fake of it."""
+
+    served_names: list[str]
+    max_num_seqs: int
+
+    async def run(self, endpoint: str, body: dict[str, Any], request_id: str) -> EngineResult:
+        """Answer one request body; never raises for a bad request (that is a 4xx result)."""
+        ...
+
+    async def abort(self, request_ids: Iterable[str]) -> None:
+        """Stop these requests inside the engine now."""
+        ...
+
+
+class EngineDeadError(RuntimeError):
+    """The engine cannot answer any more: the worker must stop, not record failures."""
+
+
+def usage_of(body: dict[str, Any]) -> Usage:
+    """Token counts of a success body, as OpenAI's batch `usage` sums them."""
+    usage = body.get("usage")
+    if not isinstance(usage, dict):
+        return Usage()
+    prompt_details = usage.get("prompt_tokens_details") or {}
+    completion_details = usage.get("completion_tokens_details") or {}
+    return Usage(
+        input_tokens=int(usage.get("prompt_tokens") or 0),
+        cached_tokens=int(prompt_details.get("cached_tokens") or 0),
+        output_tokens=int(usage.get("completion_tokens") or 0),
+        reasoning_tokens=int(completion_details.get("reasoning_tokens") or 0),
+    )
+
+
+def error_result(
+    status_code: int, message: str, param: str | None = None, code: str | None = None
+) -> EngineResult:
+    """An OpenAI error body: `{"error": {"message", "type", "param", "code"}}`."""
+    if code is None and "maximum context length" in message:
+        code = "context_length_exceeded"
+    kind = "invalid_request_error" if status_code < 500 else "server_error"
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return EngineResult(status_code, body, Usage())
+
+
+def _from_vllm_error(error: Any) -> EngineResult:
+    info = error.error
+    code = (
+        "model_not_found" if info.code == HTTPStatus.NOT_FOUND and info.param == "model" else None
+    )
+    return error_result(int(info.code), info.message, info.param, code)
+
+
+class VllmEngine:
+    """vLLM's `AsyncLLM` with its chat, completion and embedding serving objects."""
+
+    def __init__(self, engine_client: Any, state: Any, served_names: list[str]) -> None:
+        from pydantic import TypeAdapter
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+        from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+        from vllm.entrypoints.pooling.embed.protocol import EmbeddingRequest
+        from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+        from vllm.v1.engine.exceptions import EngineDeadError as VllmEngineDead
+
+        self.client = engine_client
+        self.served_names = served_names
+        self.max_num_seqs = int(engine_client.vllm_config.scheduler_config.max_num_seqs)
+        self._running: dict[str, str] = {}
+        self._error_type = ErrorResponse
+        self._dead_type = VllmEngineDead
+        chat = getattr(state, "openai_serving_chat", None)
+        completion = getattr(state, "openai_serving_completion", None)
+        embedding = getattr(state, "serving_embedding", None)
+        self._handlers: dict[str, tuple[Callable[[Any], Any], Callable[..., Any], str]] = {}
+        if chat is not None:
+            self._handlers[CHAT] = (
+                ChatCompletionRequest.model_validate,
+                chat.create_chat_completion,
+                "chatcmpl-",
+            )
+        if completion is not None:
+            self._handlers[COMPLETIONS] = (
+                CompletionRequest.model_validate,
+                completion.create_completion,
+                "cmpl-",
+            )
+        if embedding is not None:
+            self._handlers[EMBEDDINGS] = (
+                TypeAdapter(EmbeddingRequest).validate_python,
+                embedding,
+                "embd-",
+            )
+
+    @property
+    def endpoints(self) -> list[str]:
+        return list(self._handlers)
+
+    async def run(self, endpoint: str, body: dict[str, Any], request_id: str) -> EngineResult:
+        from starlette.responses import Response
+
+        handler = self._handlers.get(endpoint)
+        if handler is None:
+            return error_result(400, f"The model does not support the endpoint {endpoint}.", "url")
+        if body.get("stream"):
+            return error_result(
+                400,
+                "Streaming is not supported in batch requests: set 'stream' to false.",
+                "stream",
+            )
+        validate, serve, prefix = handler
+        try:
+            request = validate(body)
+        except Exception as exc:
+            return error_result(400, _validation_message(exc), _validation_param(exc))
+        if "request_id" in type(request).model_fields:
+            request.request_id = request_id
+            self._running[request_id] = prefix + request_id
+        try:
+            response = await serve(request)
+        except self._dead_type as exc:
+            raise EngineDeadError(str(exc)) from exc
+        except Exception as exc:
+            from vllm.entrypoints.serve import create_error_response
+
+            return _from_vllm_error(create_error_response(exc))
+        finally:
+            self._running.pop(request_id, None)
+        if isinstance(response, self._error_type):
+            return _from_vllm_error(response)
+        if isinstance(response, Response):
+            payload = orjson.loads(bytes(response.body))
+            if response.status_code >= 400 and isinstance(payload, dict) and "error" in payload:
+                return _from_vllm_error(self._error_type.model_validate(payload))
+            return EngineResult(response.status_code, payload, usage_of(payload))
+        if hasattr(response, "model_dump"):
+            payload = response.model_dump(mode="json")
+            return EngineResult(200, payload, usage_of(payload))
+        return error_result(500, "The engine returned a stream for a non-streaming request.")
+
+    async def abort(self, request_ids: Iterable[str]) -> None:
+        # Cancelling a request's task aborts it too; this covers requests still queued.
+        ids = [self._running[r] for r in request_ids if r in self._running]
+        if ids:
+            await self.client.abort(ids)
+
+
+def _validation_message(exc: Exception) -> str:
+    errors = getattr(exc, "errors", None)
+    if not callable(errors):
+        return str(exc)
+    items = errors(include_url=False)
+    parts = [f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in items[:5]]
+    label = "error" if len(items) == 1 else "errors"
+    return f"{len(items)} validation {label}: " + "; ".join(parts)
+
+
+def _validation_param(exc: Exception) -> str | None:
+    errors = getattr(exc, "errors", None)
+    if not callable(errors):
+        return None
+    items = errors(include_url=False)
+    if not items or not items[0].get("loc"):
+        return None
+    return str(items[0]["loc"][0])
+
+
+@asynccontextmanager
+async def start_engine(args: Namespace) -> AsyncIterator[VllmEngine]:
+    """Start vLLM from parsed engine arguments; shut it down on exit."""
+    from starlette.datastructures import State
+    from vllm.entrypoints.launchers.api_server.entry import (
+        build_async_engine_client,
+        init_app_state,
+    )
+    from vllm.usage.usage_lib import UsageContext
+
+    async with build_async_engine_client(
+        args, usage_context=UsageContext.OPENAI_BATCH_RUNNER
+    ) as client:
+        supported_tasks = await client.get_supported_tasks()
+        state = State()
+        await init_app_state(client, state, args, supported_tasks)
+        names = list(args.served_model_name or [args.model])
+        yield VllmEngine(client, state, names)

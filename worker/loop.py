@@ -1,0 +1,215 @@
+"""The worker: claim shards → run them through one shared in-flight window → finalize.
+
+The next shard is claimed as soon as every running shard has fed all its lines, so the engine
+never drains at a shard boundary. Two side tasks are supervised: the worker's own heartbeat
+(the `workers` row) and the finaliser trigger; if the heartbeat dies the worker stops taking
+work. SIGTERM stops claiming, lets in-flight requests finish for a short while, checkpoints
+and releases every lease.
+"""
+
+import asyncio
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from app.config import Settings
+from app.db.session import session_scope
+from app.storage import Storage, storage_for
+from worker import claim, registry
+from worker.engine import Engine, EngineDeadError
+from worker.scheduler import Job, Scheduler
+from worker.shard import HeartbeatLost, RunOptions, ShardRun
+
+log = logging.getLogger("overnight.worker")
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    worker_id: str
+    window: int | None = None
+    dedup: bool = True
+    prefix_grouping: bool = True
+    submission_log: str | None = None
+    max_active_shards: int = 3
+
+
+def _submission_logger(path: str | None) -> Callable[[Job], None] | None:
+    if not path:
+        return None
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    def log_submission(job: Job) -> None:
+        # Unbuffered, so that the record survives a SIGKILL right after the submission.
+        os.write(fd, f"{job.batch_id} {job.line}\n".encode())
+
+    return log_submission
+
+
+class Worker:
+    def __init__(
+        self,
+        settings: Settings,
+        engine: Engine,
+        options: WorkerOptions,
+        storage: Storage | None = None,
+    ) -> None:
+        self.settings = settings
+        self.engine = engine
+        self.options = options
+        self.storage = storage or storage_for(settings.storage_dir)
+        window = options.window or 2 * engine.max_num_seqs
+        self.scheduler = Scheduler(
+            engine,
+            window,
+            dedup=options.dedup,
+            prefix_grouping=options.prefix_grouping,
+            on_submit=_submission_logger(options.submission_log),
+        )
+        self.run_options = RunOptions(
+            checkpoint_seconds=settings.worker_checkpoint_seconds,
+            lease_seconds=settings.lease_seconds,
+            drain_seconds=settings.worker_drain_seconds,
+        )
+        self.active: dict[asyncio.Task[str], ShardRun] = {}
+        self.outcomes: list[tuple[str, int, str]] = []
+        self._changed = asyncio.Event()
+        self._finalize_wanted = asyncio.Event()
+        self._fatal: BaseException | None = None
+
+    async def run(self, stop: asyncio.Event) -> int:
+        """Work until `stop` is set (0) or something fatal happens (1)."""
+        await asyncio.to_thread(self._db, registry.register, self.engine.served_names[0])
+        side = [
+            asyncio.create_task(self._heartbeat(), name="heartbeat"),
+            asyncio.create_task(self._finalizer(), name="finalizer"),
+        ]
+        stopper = asyncio.create_task(stop.wait())
+        try:
+            while not stop.is_set() and self._fatal is None:
+                if broken := next((t for t in side if t.done()), None):
+                    self._fatal = broken.exception() or RuntimeError(f"{broken.get_name()} ended")
+                    break
+                if self._may_claim() and await self._claim():
+                    continue
+                self._changed.clear()
+                changed = asyncio.create_task(self._changed.wait())
+                await asyncio.wait(
+                    [stopper, changed, *side],
+                    timeout=self.settings.worker_poll_seconds,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                changed.cancel()
+        finally:
+            stopper.cancel()
+            await self._stop_runs()
+            await self._finalize_now()
+            for task in side:
+                task.cancel()
+            await asyncio.gather(*side, return_exceptions=True)
+            await asyncio.to_thread(self._db, registry.stopped)
+        if self._fatal is not None:
+            log.error("worker stopped: %s", self._fatal)
+            return 1
+        return 0
+
+    def _db(self, action: Callable[..., object], *args: object) -> object:
+        with session_scope(self.settings) as session:
+            return action(session, self.options.worker_id, *args)
+
+    def _may_claim(self) -> bool:
+        if self.scheduler.failure is not None:
+            self._fatal = self.scheduler.failure
+            return False
+        runs = self.active.values()
+        return len(runs) < self.options.max_active_shards and all(r.fed_all.is_set() for r in runs)
+
+    async def _claim(self) -> bool:
+        def take() -> claim.Lease | None:
+            with session_scope(self.settings) as session:
+                return claim.claim_shard(
+                    session,
+                    self.options.worker_id,
+                    self.engine.served_names,
+                    self.settings.lease_seconds,
+                )
+
+        lease = await asyncio.to_thread(take)
+        if lease is None:
+            return False
+        log.info("claimed shard %d of %s (epoch %d)", lease.index, lease.batch_id, lease.epoch)
+        run = ShardRun(self.settings, self.storage, self.scheduler, lease, self.run_options)
+        task = asyncio.create_task(run.run())
+        self.active[task] = run
+        task.add_done_callback(self._run_ended)
+        # A shard whose lines are all done already finishes at once: let it settle first.
+        await asyncio.sleep(0)
+        return True
+
+    def _run_ended(self, task: "asyncio.Task[str]") -> None:
+        run = self.active.pop(task)
+        lease = run.lease
+        if task.cancelled():
+            outcome = "cancelled-task"
+        elif (error := task.exception()) is not None:
+            outcome = "error"
+            if isinstance(error, HeartbeatLost | EngineDeadError) or self._fatal is None:
+                self._fatal = error
+        else:
+            outcome = task.result()
+        log.info("shard %d of %s: %s", lease.index, lease.batch_id, outcome)
+        self.outcomes.append((lease.batch_id, lease.index, outcome))
+        if outcome in ("done", "cancelled", "expired"):
+            self._finalize_wanted.set()
+        self._changed.set()
+
+    async def _stop_runs(self) -> None:
+        for run in self.active.values():
+            run.request_stop()
+        if self.active:
+            await asyncio.gather(*self.active, return_exceptions=True)
+
+    async def _heartbeat(self) -> None:
+        interval = min(self.settings.lease_seconds / 3, 5.0)
+        last_ok, last_tokens, last_time = time.monotonic(), 0, time.monotonic()
+        while True:
+            await asyncio.sleep(interval)
+            now = time.monotonic()
+            tokens = self.scheduler.output_tokens
+            rate = (tokens - last_tokens) / max(now - last_time, 1e-6)
+            last_tokens, last_time = tokens, now
+            current = next(iter(self.active.values()), None)
+            try:
+                await asyncio.to_thread(
+                    self._db, registry.heartbeat, current.lease.shard_id if current else None, rate
+                )
+                last_ok = time.monotonic()
+            except Exception as exc:
+                if time.monotonic() - last_ok > self.settings.lease_seconds:
+                    raise HeartbeatLost("the worker heartbeat failed for a whole lease") from exc
+                log.warning("worker heartbeat failed, retrying: %s", exc)
+
+    async def _finalizer(self) -> None:
+        while True:
+            await self._finalize_wanted.wait()
+            self._finalize_wanted.clear()
+            await self._finalize_now()
+
+    async def _finalize_now(self) -> None:
+        try:
+            from app.services.finalizer import finalize_ready_batches
+
+            await asyncio.to_thread(
+                finalize_ready_batches, self.settings, self.options.worker_id, self.storage
+            )
+        except Exception:
+            # The API's housekeeping loop finalizes too: a failure here delays, loses nothing.
+            log.exception("finalizing failed")
+
+
+def install_signal_handlers(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)

@@ -1,0 +1,70 @@
+"""Engine processes die with their owner, even when the owner is SIGKILLed.
+
+vLLM starts its `EngineCore` and `Worker` processes with multiprocessing (`spawn` on CPU,
+`fork` elsewhere). Without help they outlive a killed worker as orphans holding gigabytes.
+Linux's parent-death signal (`prctl(PR_SET_PDEATHSIG, SIGKILL)`) fixes that, but it must be
+set inside each child: forked children get it from an at-fork hook, spawned children from a
+prefix to the `-c` program that multiprocessing runs in them. Both re-arm the hook in the
+child, so grandchildren (vLLM's `Worker` under `EngineCore`) are covered too.
+"""
+
+import ctypes
+import multiprocessing.spawn
+import os
+import signal
+import sys
+from typing import Any
+
+_PR_SET_PDEATHSIG = 1
+_installed = False
+
+
+def _set_pdeathsig(parent_pid: int) -> None:
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    # The parent may have died before prctl: then nobody would signal us.
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
+def _child_prefix() -> str:
+    return (
+        "try:\n import worker.process as _p; _p.die_with_parent(%d)\n"
+        "except ImportError:\n pass\n" % os.getpid()
+    )
+
+
+def _patched_command_line(original: Any) -> Any:
+    def get_command_line(**kwds: Any) -> list[str]:
+        cmd: list[str] = list(original(**kwds))
+        if "-c" in cmd:
+            i = cmd.index("-c") + 1
+            cmd[i] = _child_prefix() + cmd[i]
+        return cmd
+
+    get_command_line.__wrapped__ = original  # type: ignore[attr-defined]
+    return get_command_line
+
+
+def install() -> None:
+    """Make every process this one starts from now on die when this one dies."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
+
+    def after_fork_in_child() -> None:
+        _set_pdeathsig(os.getppid())
+
+    os.register_at_fork(after_in_child=after_fork_in_child)
+    multiprocessing.spawn.get_command_line = _patched_command_line(  # type: ignore[assignment]
+        multiprocessing.spawn.get_command_line
+    )
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Run first in a spawned child: die with `parent_pid`, and pass this on to our children."""
+    _set_pdeathsig(parent_pid)
+    install()

@@ -1,0 +1,48 @@
+"""Reading a leased shard: its input lines (streamed) and the lines it already finished."""
+
+from collections.abc import Iterator
+
+import orjson
+
+from app.services.jsonl import iter_lines
+from app.storage import Storage
+from worker.claim import Lease
+
+
+def finished_lines(storage: Storage, chunk_keys: list[str]) -> set[int]:
+    """Line numbers that already have a recorded result in these chunks."""
+    done: set[int] = set()
+    for key in chunk_keys:
+        for raw in b"".join(storage.read(key)).splitlines():
+            if raw.strip():
+                done.add(int(orjson.loads(raw)["line"]))
+    return done
+
+
+def read_requests(
+    storage: Storage, lease: Lease, skip: set[int]
+) -> Iterator[tuple[int, str, dict[str, object]]]:
+    """`(line number, custom_id, body)` of each request of the shard not in `skip`.
+
+    The validator already checked every line, so they parse.
+    """
+    for line, raw in iter_lines(
+        storage, lease.input_key, lease.byte_start, lease.byte_end, lease.first_line
+    ):
+        if line in skip:
+            continue
+        request = orjson.loads(raw)
+        body = request.get("body")
+        yield line, str(request["custom_id"]), body if isinstance(body, dict) else {}
+
+
+def take(
+    lines: Iterator[tuple[int, str, dict[str, object]]], n: int
+) -> list[tuple[int, str, dict[str, object]]]:
+    """The next `n` requests (fewer at the end); run it in a thread, storage reads block."""
+    out = []
+    for item in lines:
+        out.append(item)
+        if len(out) >= n:
+            break
+    return out

@@ -1,0 +1,233 @@
+"""Running one leased shard: read → schedule → collect results → checkpoint, until done or told to stop.
+
+The checkpoint is the lease's heartbeat: on a timer (≤ 1 s) it stores the finished lines as a
+chunk object and, in one fenced transaction, records the chunk, adds its counts to the shard
+and renews the lease. The same transaction reads the batch's status, so a cancel or an expiry
+is seen within one tick; then in-flight requests are aborted, what finished is kept, and the
+shard is handed back.
+"""
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+from sqlalchemy.exc import IntegrityError
+
+from app.config import Settings
+from app.db.session import session_scope
+from app.storage import Storage
+from worker import claim, reader
+from worker.claim import BatchState, Lease
+from worker.engine import EngineResult
+from worker.scheduler import Job, Scheduler
+from worker.writer import Chunk, ResultWriter
+
+log = logging.getLogger("overnight.worker")
+
+READ_BATCH = 64
+RETRY = object()
+
+
+class HeartbeatLost(RuntimeError):
+    """The lease could not be renewed in time: the worker must stop taking work."""
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    checkpoint_seconds: float
+    lease_seconds: float
+    drain_seconds: float
+
+
+class ShardRun:
+    """One leased shard from claim to done, release or loss of the lease."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        storage: Storage,
+        scheduler: Scheduler,
+        lease: Lease,
+        options: RunOptions,
+    ) -> None:
+        self.settings = settings
+        self.storage = storage
+        self.scheduler = scheduler
+        self.lease = lease
+        self.options = options
+        self.writer = ResultWriter(storage, lease)
+        self.fed_all = asyncio.Event()
+        self.recorded = 0
+        self._outstanding = 0
+        self._wake = asyncio.Event()
+        self._pending: Chunk | None = None
+        self._engine_error: BaseException | None = None
+        self._stop_deadline: float | None = None
+        self._last_heartbeat = time.monotonic()
+
+    # -- Sink: called by the scheduler as results arrive --
+    def deliver(self, job: Job, result: EngineResult, copied: bool) -> None:
+        self.writer.add(job, result, copied)
+        self._outstanding -= 1
+        if self._outstanding == 0:
+            self._wake.set()
+
+    def engine_failed(self, error: BaseException) -> None:
+        self._engine_error = error
+        self._wake.set()
+
+    # -- control --
+    def request_stop(self) -> None:
+        """Stop reading; give in-flight requests `drain_seconds` to finish, then release."""
+        if self._stop_deadline is None:
+            self._stop_deadline = time.monotonic() + self.options.drain_seconds
+            self.fed_all.set()
+            self._wake.set()
+
+    async def run(self) -> str:
+        """Returns how it ended: done, cancelled, expired, released or lost."""
+        keys = await asyncio.to_thread(self._recorded_keys)
+        skip = await asyncio.to_thread(reader.finished_lines, self.storage, keys)
+        self.recorded = len(skip)
+        feeder = asyncio.create_task(self._feed(skip))
+        try:
+            return await self._supervise(feeder)
+        finally:
+            feeder.cancel()
+            await asyncio.gather(feeder, return_exceptions=True)
+
+    async def _feed(self, skip: set[int]) -> None:
+        lines = reader.read_requests(self.storage, self.lease, skip)
+        while self._stop_deadline is None:
+            batch = await asyncio.to_thread(reader.take, lines, READ_BATCH)
+            if not batch:
+                break
+            for line, custom_id, body in batch:
+                if self._stop_deadline is not None:
+                    return
+                job = Job(self, self.lease.batch_id, self.lease.endpoint, line, custom_id, body)
+                self._outstanding += 1
+                try:
+                    await self.scheduler.submit(job)
+                except asyncio.CancelledError:
+                    self._outstanding -= 1
+                    raise
+        self.fed_all.set()
+        self._wake.set()
+
+    async def _supervise(self, feeder: "asyncio.Task[None]") -> str:
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.options.checkpoint_seconds)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            if self._engine_error is not None:
+                await self._let_go()
+                raise self._engine_error
+            if feeder.done() and not feeder.cancelled() and (error := feeder.exception()):
+                await self._let_go()
+                raise error
+            finished = self.fed_all.is_set() and self._outstanding == 0
+            if self._stop_deadline is not None:
+                if finished and not self._has_every_line():
+                    return await self._let_go()
+                if not finished and time.monotonic() >= self._stop_deadline:
+                    return await self._let_go()
+            state = await self._checkpoint(done=finished)
+            if state is RETRY:
+                continue
+            if state is None:
+                await self.scheduler.abort(self)
+                return "lost"
+            assert isinstance(state, BatchState)
+            if state.status == "done":
+                self._check_complete()
+                return "done"
+            if reason := state.should_stop(time.time()):
+                return await self._let_go(reason)
+
+    def _has_every_line(self) -> bool:
+        pending = self._pending.lines if self._pending else 0
+        return self.recorded + pending + self.writer.buffered >= self.lease.line_count
+
+    def _check_complete(self) -> None:
+        if self.recorded != self.lease.line_count:
+            log.warning(
+                "shard %s of %s: %d results for %d lines",
+                self.lease.index,
+                self.lease.batch_id,
+                self.recorded,
+                self.lease.line_count,
+            )
+
+    async def _let_go(self, reason: str = "released") -> str:
+        """Abort what runs, keep what finished, hand the shard back."""
+        self.fed_all.set()
+        await self.scheduler.abort(self)
+        while True:
+            try:
+                state = await self._checkpoint(release=True)
+            except HeartbeatLost:
+                return "lost"
+            if state is not RETRY:
+                return reason if state is not None else "lost"
+            await asyncio.sleep(self.options.checkpoint_seconds)
+
+    def _recorded_keys(self) -> list[str]:
+        with session_scope(self.settings) as session:
+            return claim.recorded_chunk_keys(session, self.lease.shard_id)
+
+    async def _checkpoint(
+        self, done: bool = False, release: bool = False
+    ) -> "BatchState | None | object":
+        """Store finished lines and renew the lease.
+
+        Returns the batch's state (status `done` once the shard is closed), None if the lease
+        was lost, RETRY after a failure that the next tick may repair.
+        """
+        if self._pending is None:
+            self._pending = self.writer.seal()
+        chunk = self._pending
+        # Close the shard only with its last lines, never ahead of them.
+        closing = done and self.writer.buffered == 0
+        try:
+            if chunk is not None:
+                await asyncio.to_thread(self.writer.write, chunk)
+            state = await asyncio.to_thread(self._record, chunk, closing, release and not closing)
+        except Exception as exc:
+            if time.monotonic() - self._last_heartbeat > self.options.lease_seconds * 2 / 3:
+                raise HeartbeatLost(
+                    f"cannot renew the lease of shard {self.lease.shard_id}"
+                ) from exc
+            log.warning("checkpoint of shard %s failed, retrying: %s", self.lease.shard_id, exc)
+            return RETRY
+        self._last_heartbeat = time.monotonic()
+        self._pending = None
+        if state is None:
+            if chunk is not None:
+                await asyncio.to_thread(self.storage.delete, chunk.key)
+            return None
+        if chunk is not None:
+            self.recorded += chunk.lines
+        if closing:
+            return BatchState("done", state.expires_at)
+        if done:
+            self._wake.set()
+        return state
+
+    def _record(self, chunk: Chunk | None, done: bool, release: bool) -> BatchState | None:
+        row = (chunk.sequence, chunk.key, chunk.lines) if chunk else None
+        progress = chunk.progress if chunk else None
+        try:
+            with session_scope(self.settings) as session:
+                return claim.checkpoint(
+                    session, self.lease, chunk=row, progress=progress, done=done, release=release
+                )
+        except IntegrityError:
+            # The previous attempt at this very chunk did commit (its reply was lost).
+            if chunk is None:
+                raise
+            with session_scope(self.settings) as session:
+                return claim.checkpoint(session, self.lease, done=done, release=release)
