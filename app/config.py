@@ -2,6 +2,7 @@
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -59,6 +60,9 @@ class Settings(BaseSettings):
     models: list[ServedModel] = Field(default_factory=lambda: list(DEFAULT_MODELS))
 
     lease_seconds: float = 30.0
+    log_level: str = "info"
+    # "json": one object a line with the request id (for log collectors); "text" for a terminal.
+    log_format: Literal["json", "text"] = "json"
     housekeeping_interval_seconds: float = 5.0
     # Worker: how often finished lines are stored and counted (also the shard heartbeat and
     # how fast a cancel or an expiry is noticed), how often an idle worker looks for work,
