@@ -10,7 +10,8 @@ from typing import Any
 import orjson
 
 from app.ids import new_batch_request_id
-from app.storage import Storage, put
+from app.storage import Storage
+from app.storage.base import put
 from worker.claim import Lease, Progress
 from worker.engine import EngineResult
 from worker.scheduler import Job
