@@ -7,6 +7,7 @@ import socket
 import sys
 from collections.abc import Callable, Sequence
 
+from app.client import register as register_client_commands
 from app.config import Settings, get_settings
 from app.db.session import session_scope, upgrade
 
@@ -54,6 +55,7 @@ def check_bind_safety(settings: Settings) -> str | None:
 def cmd_api(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from app.logging import configure_logging
     from app.main import create_app
 
     settings = _settings(args)
@@ -62,7 +64,14 @@ def cmd_api(args: argparse.Namespace) -> int:
     if warning := check_bind_safety(settings):
         print(f"overnight: {warning}", file=sys.stderr)
     print(f"overnight: API on http://{settings.host}:{settings.port}/v1", file=sys.stderr)
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")
+    configure_logging(settings.log_level, settings.log_format)
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_config=None,
+        log_level=settings.log_level,
+    )
     return 0
 
 
@@ -73,16 +82,22 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_keys_create(args: argparse.Namespace) -> int:
-    from app.services.auth import create_key
+def cmd_serve(args: argparse.Namespace) -> int:
+    from app.logging import configure_logging
+    from app.supervisor import serve
 
     settings = _settings(args)
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
     upgrade(settings.sqlalchemy_url)
-    with session_scope(settings) as session:
-        key, secret = create_key(session, args.project, role=args.role, name=args.name or "")
-        print(f"created {key.id} ({key.role}) for project {args.project!r}", file=sys.stderr)
-    print(secret)
-    return 0
+    warning = check_bind_safety(settings)
+    if warning:
+        print(f"overnight: {warning}", file=sys.stderr)
+    served = [m.name for m in settings.models]
+    models = [] if args.no_workers else (args.models.split(",") if args.models else served)
+    if unknown := [m for m in models if m not in served]:
+        raise SystemExit(f"overnight: not a served model: {', '.join(unknown)} (served: {served})")
+    configure_logging(settings.log_level, settings.log_format)
+    return serve(settings, models, open_mode=warning is not None)
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -95,12 +110,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="overnight", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    for name, help_text in (("serve", "run the service"), ("api", "run the HTTP API only")):
-        p = sub.add_parser(name, help=help_text)
-        p.add_argument("--host")
-        p.add_argument("--port", type=int)
-        _common(p)
-        p.set_defaults(func=cmd_api)
+    p = sub.add_parser("serve", help="run the API and one worker per served model")
+    p.add_argument("--host")
+    p.add_argument("--port", type=int)
+    p.add_argument("--models", help="comma-separated served models to start workers for")
+    p.add_argument("--no-workers", action="store_true", help="the API only, workers run elsewhere")
+    _common(p)
+    p.set_defaults(func=cmd_serve)
+    p = sub.add_parser("api", help="run the HTTP API only")
+    p.add_argument("--host")
+    p.add_argument("--port", type=int)
+    _common(p)
+    p.set_defaults(func=cmd_api)
 
     db = sub.add_parser("db", help="database schema").add_subparsers(
         dest="db_command", required=True
@@ -109,15 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.set_defaults(func=cmd_db_upgrade)
 
-    keys = sub.add_parser("keys", help="API keys").add_subparsers(
-        dest="keys_command", required=True
-    )
-    p = keys.add_parser("create", help="create a key for a project and print it")
-    p.add_argument("--project", required=True)
-    p.add_argument("--role", choices=["member", "admin"], default="member")
-    p.add_argument("--name")
-    _common(p)
-    p.set_defaults(func=cmd_keys_create)
+    register_client_commands(sub)  # batches, files, keys
     # Everything after `worker` goes to vLLM's own parser: `overnight worker --help` lists it all.
     p = sub.add_parser(
         "worker", help="run batch requests on an embedded vLLM engine", add_help=False

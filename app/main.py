@@ -9,11 +9,15 @@ from typing import Any
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.api.routes import batches, files, models, uploads
+from app.api.openapi import install_openapi
+from app.api.routes import admin, batches, files, health, models, uploads
 from app.config import Settings, get_settings
+from app.dashboard import install_dashboard
 from app.db.session import upgrade
 from app.errors import install_error_handlers
 from app.ids import new_request_id
+from app.logging import AccessLogMiddleware
+from app.metrics import install_metrics
 
 log = logging.getLogger("overnight.api")
 
@@ -66,9 +70,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.settings = settings
+    install_openapi(app)
     install_error_handlers(app)
-    for module in (files, uploads, batches, models):
+    for module in (files, uploads, batches, models, admin):
         app.include_router(module.router, prefix="/v1")
+    app.include_router(health.router)
+    install_dashboard(app)
+    install_metrics(app, settings)
+    app.add_middleware(AccessLogMiddleware)
     app.add_middleware(RequestIdMiddleware)
     return app
 

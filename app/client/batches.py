@@ -1,0 +1,201 @@
+"""`overnight batches submit|list|show|cancel|download`."""
+
+import argparse
+import os
+from pathlib import Path
+
+import openai
+import orjson
+from openai.types import Batch
+
+from app.client import output
+from app.client.connection import CliError, client
+from app.client.wait import wait_for
+
+DEFAULT_ENDPOINT = "/v1/chat/completions"
+TERMINAL = ("completed", "failed", "expired", "cancelled")
+
+
+def sniff_endpoint(path: Path) -> str:
+    """The `url` of the file's first request, so that `--endpoint` is rarely needed."""
+    with path.open("rb") as f:
+        for raw in f:
+            if raw.strip():
+                try:
+                    url = orjson.loads(raw).get("url")
+                except (orjson.JSONDecodeError, AttributeError):
+                    return DEFAULT_ENDPOINT  # the server will report the bad line
+                return url if isinstance(url, str) and url else DEFAULT_ENDPOINT
+    raise CliError(f"{path} has no requests: it is empty.")
+
+
+def _metadata(pairs: list[str] | None) -> dict[str, str] | None:
+    if not pairs:
+        return None
+    result = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise CliError(f"--metadata takes KEY=VALUE, not {pair!r}.")
+        result[key] = value
+    return result
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    path = Path(args.file)
+    if not path.is_file():
+        raise CliError(f"no such file: {path}")
+    endpoint = args.endpoint or sniff_endpoint(path)
+    api = client(args)
+    with path.open("rb") as f:
+        uploaded = api.files.create(file=(path.name, f), purpose="batch")
+    batch = api.batches.create(
+        input_file_id=uploaded.id,
+        endpoint=endpoint,  # type: ignore[arg-type]
+        completion_window=args.completion_window,
+        metadata=_metadata(args.metadata),
+    )
+    output.errors.print(f"uploaded {path.name} as {uploaded.id}", markup=False)
+    print(batch.id)
+    if not args.wait:
+        return 0
+    batch = wait_for(api, batch.id, args.interval)
+    _show(batch)
+    if batch.status == "failed":
+        return 1
+    _download(
+        api,
+        batch,
+        args.output or f"{path.stem}.output.jsonl",
+        args.errors_output or f"{path.stem}.errors.jsonl",
+    )
+    return 0 if batch.status == "completed" else 1
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    page = client(args).batches.list(limit=args.limit)
+    batches = page.data
+    if args.json:
+        output.print_json(batches)
+        return 0
+    output.print_table(
+        ["ID", "STATUS", "DONE", "FAILED", "TOTAL", "MODEL", "CREATED"],
+        (
+            (
+                b.id,
+                b.status,
+                b.request_counts.completed if b.request_counts else 0,
+                b.request_counts.failed if b.request_counts else 0,
+                b.request_counts.total if b.request_counts else 0,
+                b.model or "",
+                output.age(b.created_at),
+            )
+            for b in batches
+        ),
+        empty="No batches.",
+    )
+    return 0
+
+
+def _show(batch: Batch) -> None:
+    counts = batch.request_counts
+    rows = [
+        ("id", batch.id),
+        ("status", batch.status),
+        ("endpoint", batch.endpoint),
+        ("model", batch.model or ""),
+        ("input file", batch.input_file_id),
+        ("output file", batch.output_file_id or ""),
+        ("error file", batch.error_file_id or ""),
+    ]
+    if counts:
+        rows.append(
+            (
+                "requests",
+                f"{counts.completed} completed, {counts.failed} failed, {counts.total} total",
+            )
+        )
+    if batch.usage:
+        rows.append(("tokens", f"{batch.usage.input_tokens} in, {batch.usage.output_tokens} out"))
+    for field in (
+        "created_at",
+        "in_progress_at",
+        "finalizing_at",
+        "completed_at",
+        "failed_at",
+        "cancelling_at",
+        "cancelled_at",
+        "expired_at",
+        "expires_at",
+    ):
+        if (ts := getattr(batch, field)) is not None:
+            rows.append((field.removesuffix("_at").replace("_", " "), output.when(ts)))
+    for key, value in (batch.metadata or {}).items():
+        rows.append((f"metadata {key}", value))
+    output.print_table(["FIELD", "VALUE"], rows, empty="")
+    if batch.errors and batch.errors.data:
+        output.print_table(
+            ["LINE", "CODE", "MESSAGE"],
+            (
+                (e.line if e.line is not None else "", e.code or "", e.message or "")
+                for e in batch.errors.data
+            ),
+            empty="",
+        )
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    batch = client(args).batches.retrieve(args.batch_id)
+    if args.json:
+        output.print_json(batch)
+    else:
+        _show(batch)
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    batch = client(args).batches.cancel(args.batch_id)
+    print(f"{batch.id} {batch.status}")
+    return 0
+
+
+def save_file(api: openai.OpenAI, file_id: str, target: str) -> None:
+    """Streams a file to `target` through a temporary name: never a half-written result."""
+    path = Path(target)
+    partial = path.with_name(f".{path.name}.partial")
+    try:
+        with api.files.with_streaming_response.content(file_id) as response:
+            response.stream_to_file(partial)
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def _download(api: openai.OpenAI, batch: Batch, out: str, err: str) -> None:
+    saved = False
+    for file_id, target, what in (
+        (batch.output_file_id, out, "results"),
+        (batch.error_file_id, err, "errors"),
+    ):
+        if file_id:
+            save_file(api, file_id, target)
+            output.errors.print(f"{what} saved to {target}", markup=False)
+            saved = True
+    if not saved:
+        output.errors.print("the batch has no output or error file.", markup=False)
+
+
+def cmd_download(args: argparse.Namespace) -> int:
+    api = client(args)
+    batch = api.batches.retrieve(args.batch_id)
+    if batch.status not in TERMINAL:
+        raise CliError(
+            f"{batch.id} is {batch.status}: its files exist once it has ended; try again later."
+        )
+    _download(
+        api,
+        batch,
+        args.output or f"{batch.id}.output.jsonl",
+        args.errors_output or f"{batch.id}.errors.jsonl",
+    )
+    return 0

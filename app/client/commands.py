@@ -1,0 +1,84 @@
+"""The people's subcommands, added to the `overnight` parser."""
+
+import argparse
+from typing import Any
+
+from app.client import batches, files, keys
+from app.client.connection import Command, add_connection_args, reports_errors
+
+
+def _command(
+    group: Any, name: str, func: Command, help_text: str, *, json: bool = False
+) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = group.add_parser(name, help=help_text, description=help_text)
+    add_connection_args(parser)
+    if json:
+        parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.set_defaults(func=reports_errors(func))
+    return parser
+
+
+def _batches(sub: Any) -> None:
+    group = sub.add_parser("batches", help="submit and follow batches").add_subparsers(
+        dest="batches_command", required=True
+    )
+    p = _command(group, "submit", batches.cmd_submit, "upload a JSONL file and create a batch")
+    p.add_argument("file", help="the requests, one JSON object a line")
+    p.add_argument(
+        "--endpoint", help="e.g. /v1/embeddings (default: the `url` of the file's first line)"
+    )
+    p.add_argument("--completion-window", default="24h")
+    p.add_argument("--metadata", action="append", metavar="KEY=VALUE", help="repeatable")
+    p.add_argument("--wait", action="store_true", help="follow it to the end, then download")
+    p.add_argument("-o", "--output", help="results file (default: FILE's name + .output.jsonl)")
+    p.add_argument("--errors-output", help="errors file (default: FILE's name + .errors.jsonl)")
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between polls")
+
+    p = _command(group, "list", batches.cmd_list, "the newest batches", json=True)
+    p.add_argument("--limit", type=int, default=20)
+    for name, func, text in (
+        ("show", batches.cmd_show, "one batch: status, counts, timeline, errors"),
+        ("cancel", batches.cmd_cancel, "cancel a batch"),
+        ("download", batches.cmd_download, "save a finished batch's output and error files"),
+    ):
+        p = _command(group, name, func, text, json=name == "show")
+        p.add_argument("batch_id")
+        if name == "download":
+            p.add_argument("-o", "--output", help="default: BATCH_ID.output.jsonl")
+            p.add_argument("--errors-output", help="default: BATCH_ID.errors.jsonl")
+
+
+def _files(sub: Any) -> None:
+    group = sub.add_parser("files", help="uploaded and result files").add_subparsers(
+        dest="files_command", required=True
+    )
+    p = _command(group, "list", files.cmd_list, "the newest files", json=True)
+    p.add_argument("--purpose", help="e.g. batch, batch_output")
+    p.add_argument("--limit", type=int, default=100)
+    p = _command(group, "rm", files.cmd_rm, "delete files")
+    p.add_argument("file_ids", nargs="+", metavar="FILE_ID")
+
+
+def _keys(sub: Any) -> None:
+    group = sub.add_parser(
+        "keys",
+        help="API keys (over HTTP with --base-url/$OPENAI_BASE_URL, else this machine's database)",
+    ).add_subparsers(dest="keys_command", required=True)
+    p = _command(group, "create", keys.cmd_create, "create a key for a project and print it")
+    p.add_argument("--project", required=True)
+    p.add_argument("--role", choices=["member", "admin"], default="member")
+    p.add_argument("--name")
+    p.add_argument("--data-dir", dest="data_dir", help="local mode: the deployment's data dir")
+    p = _command(group, "list", keys.cmd_list, "keys that are not revoked", json=True)
+    p.add_argument("--project", help="only this project's")
+    p.add_argument("--data-dir", dest="data_dir", help="local mode: the deployment's data dir")
+    p = _command(group, "revoke", keys.cmd_revoke, "revoke a key at once")
+    p.add_argument("key_id")
+    p.add_argument("--data-dir", dest="data_dir", help="local mode: the deployment's data dir")
+
+
+def register(sub: Any) -> None:
+    """Adds `batches`, `files` and `keys` to the `overnight` subparsers."""
+    _batches(sub)
+    _files(sub)
+    _keys(sub)

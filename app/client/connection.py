@@ -1,0 +1,82 @@
+"""Which deployment the CLI talks to, and how API errors become one clear line."""
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
+
+import openai
+
+from app.config import get_settings
+from app.errors import OpenAIError as ServiceError
+
+Command = Callable[[argparse.Namespace], int]
+
+
+class CliError(Exception):
+    """A failure to report as one line on stderr, with a non-zero exit."""
+
+
+def add_connection_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("connection")
+    group.add_argument(
+        "--base-url",
+        help="the API, e.g. http://host:8000/v1 (default: $OPENAI_BASE_URL, else this "
+        "machine's OVERNIGHT_HOST:OVERNIGHT_PORT)",
+    )
+    group.add_argument("--api-key", help="an API key (default: $OPENAI_API_KEY)")
+
+
+def explicit_base_url(args: argparse.Namespace) -> str | None:
+    """A base URL given by flag or environment; None means "this machine"."""
+    return getattr(args, "base_url", None) or os.environ.get("OPENAI_BASE_URL") or None
+
+
+def base_url(args: argparse.Namespace) -> str:
+    if url := explicit_base_url(args):
+        return url
+    settings = get_settings()
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
+    return f"http://{host}:{settings.port}/v1"
+
+
+def client(args: argparse.Namespace) -> openai.OpenAI:
+    # Without keys the server accepts any token, but the SDK insists on one.
+    key = getattr(args, "api_key", None) or os.environ.get("OPENAI_API_KEY") or "none"
+    return openai.OpenAI(base_url=base_url(args), api_key=key, max_retries=2, timeout=120)
+
+
+def describe(exc: BaseException, args: argparse.Namespace) -> str:
+    """One line a person can act on, from whatever went wrong."""
+    if isinstance(exc, openai.APIStatusError):
+        body: Any = exc.body
+        message = body.get("message") if isinstance(body, dict) else None
+        return f"{message or exc.message} (HTTP {exc.status_code})"
+    if isinstance(exc, openai.APITimeoutError):
+        return f"{base_url(args)} did not answer in time."
+    if isinstance(exc, openai.APIConnectionError):
+        return (
+            f"cannot reach {base_url(args)}: is `overnight serve` running there? "
+            "(set --base-url or OPENAI_BASE_URL)"
+        )
+    if isinstance(exc, ServiceError):
+        return exc.message
+    if isinstance(exc, OSError):
+        return f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc)
+    return str(exc)
+
+
+def reports_errors(command: Command) -> Command:
+    """Runs a command; any API, network or file error ends it with a message, not a trace."""
+
+    @wraps(command)
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return command(args)
+        except (CliError, openai.OpenAIError, ServiceError, OSError) as exc:
+            print(f"overnight: error: {describe(exc, args)}", file=sys.stderr)
+            return 1
+
+    return run

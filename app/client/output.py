@@ -1,0 +1,52 @@
+"""What the CLI prints: tables for people, JSON for scripts."""
+
+import json
+import time
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+console = Console(highlight=False)
+errors = Console(stderr=True, highlight=False)
+
+
+def when(ts: int | float | None) -> str:
+    return "" if ts is None else datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def age(ts: int | float | None) -> str:
+    if ts is None:
+        return ""
+    seconds = int(time.time() - ts)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit} ago"
+    return f"{seconds}s ago"
+
+
+def print_json(items: BaseModel | dict[str, Any] | Sequence[BaseModel | dict[str, Any]]) -> None:
+    def plain(item: BaseModel | dict[str, Any]) -> Any:
+        return item.model_dump(mode="json") if isinstance(item, BaseModel) else item
+
+    data = [plain(i) for i in items] if isinstance(items, Sequence) else plain(items)
+    # Not rich's print_json: user strings must come out verbatim, with no markup parsing.
+    print(json.dumps(data, indent=2, ensure_ascii=False))
+
+
+def print_table(columns: Sequence[str], rows: Iterable[Sequence[Any]], empty: str) -> None:
+    rows = list(rows)
+    if not rows:
+        errors.print(empty, markup=False)
+        return
+    table = Table(*columns, box=None, pad_edge=False, header_style="bold")
+    for row in rows:
+        # Cells are user data (filenames, metadata): Text is never parsed as rich markup.
+        table.add_row(*(Text(str(cell)) for cell in row))
+    for column in table.columns:
+        column.overflow = "fold"
+    console.print(table, markup=False)

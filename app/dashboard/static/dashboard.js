@@ -1,0 +1,172 @@
+// The dashboard's live updates and actions. Plain JS, no build step.
+// Every value from the server is written with textContent or as a property,
+// never parsed as HTML, so nothing a batch contains can run here.
+"use strict";
+
+const POLL_MS = 1500;
+const ACTION_HEADERS = { "x-overnight-dashboard": "1", "content-type": "application/json" };
+const SVG = "http://www.w3.org/2000/svg";
+const refreshers = [];
+
+function flash(message) {
+  const box = document.getElementById("flash");
+  box.textContent = message || "";
+  box.hidden = !message;
+}
+
+async function request(url, options = {}) {
+  const response = await fetch(url, { credentials: "same-origin", ...options });
+  let body = null;
+  try {
+    body = await response.json();
+  } catch (_) {
+    body = null;
+  }
+  if (response.status === 401) {
+    location.assign("/dashboard/login?next=" + encodeURIComponent(location.pathname + location.search));
+    throw new Error("Your session ended: log in again.");
+  }
+  if (!response.ok) {
+    const message = body && body.error && body.error.message;
+    throw new Error(message || `The server answered ${response.status}.`);
+  }
+  return body;
+}
+
+// Elements inside a nested list belong to that list's items, not to `root`.
+function ownedBy(root, el) {
+  const list = el.closest("[data-list]");
+  return !(list && list !== root && root.contains(list));
+}
+
+function fill(root, data) {
+  const nodes = [root, ...root.querySelectorAll("[data-field],[data-value],[data-href],[data-show],[data-state],[data-url-from]")];
+  for (const el of nodes) {
+    if (!ownedBy(root, el)) continue;
+    const d = el.dataset;
+    if (d.field && d.field in data) el.textContent = String(data[d.field]);
+    if (d.value && d.value in data) el.value = Number(data[d.value]);
+    if (d.state && d.state in data) el.dataset.status = String(data[d.state]);
+    if (d.urlFrom && d.urlFrom in data) el.dataset.url = String(data[d.urlFrom]);
+    if (d.show && d.show in data) el.hidden = !data[d.show];
+    if (d.href && d.href in data) {
+      if (data[d.href]) el.setAttribute("href", String(data[d.href]));
+      else el.removeAttribute("href");
+    }
+  }
+  for (const list of root.querySelectorAll("[data-list]")) {
+    if (ownedBy(root, list.parentElement)) syncRows(list, data[list.dataset.list] || []);
+  }
+  for (const svg of root.querySelectorAll("[data-chart]")) drawChart(svg, data[svg.dataset.chart] || []);
+}
+
+// Makes `container`'s children match `rows`, reusing the element of each key.
+function syncRows(container, rows) {
+  const template = document.getElementById(container.dataset.template);
+  const existing = new Map([...container.children].map((c) => [c.dataset.key, c]));
+  const wanted = rows.map((row, i) => {
+    const key = String(row.id !== undefined ? row.id : i);
+    let node = existing.get(key);
+    if (!node) {
+      node = template.content.firstElementChild.cloneNode(true);
+      node.dataset.key = key;
+    }
+    fill(node, row);
+    return node;
+  });
+  container.replaceChildren(...wanted);
+  const table = container.closest("table");
+  if (table) table.classList.toggle("is-empty", rows.length === 0);
+}
+
+function svgEl(name, attrs, text) {
+  const el = document.createElementNS(SVG, name);
+  for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, String(v));
+  if (text !== undefined) el.textContent = text;
+  return el;
+}
+
+// Bars only: the SVG stretches to its box, so its labels live in the page as text.
+function drawChart(svg, series) {
+  const [w, h] = [600, 160];
+  const top = Math.max(...series.map((p) => p[1]), 1e-9);
+  const slot = w / Math.max(series.length, 10);
+  const bars = series.map(([, v], i) => {
+    const height = Math.max((v / top) * (h - 8), 1);
+    return svgEl("rect", { x: i * slot + 1, y: h - height, width: Math.max(slot - 2, 1), height, class: "bar" });
+  });
+  svg.replaceChildren(svgEl("line", { x1: 0, y1: h, x2: w, y2: h, class: "axis" }), ...bars);
+}
+
+function poll(url, apply) {
+  const tick = async () => {
+    if (!document.hidden) {
+      try {
+        apply(await request(url));
+        flash("");
+      } catch (e) {
+        flash(e.message);
+      }
+    }
+  };
+  refreshers.push(tick);
+  tick();
+  setInterval(tick, POLL_MS);
+}
+
+async function refreshAll() {
+  await Promise.all(refreshers.map((r) => r()));
+}
+
+async function act(button) {
+  if (button.dataset.confirm && !window.confirm(button.dataset.confirm)) return;
+  button.disabled = true;
+  try {
+    await request(button.dataset.url, { method: "POST", headers: ACTION_HEADERS, body: "{}" });
+    await refreshAll();
+  } catch (e) {
+    flash(e.message);
+  } finally {
+    button.disabled = false;
+  }
+}
+
+async function createKey(form) {
+  const body = JSON.stringify(Object.fromEntries(new FormData(form)));
+  try {
+    const created = await request(form.getAttribute("action"), { method: "POST", headers: ACTION_HEADERS, body });
+    document.getElementById("new-secret-value").textContent = created.value;
+    document.getElementById("new-secret").hidden = false;
+    form.reset();
+    await refreshAll();
+  } catch (e) {
+    flash(e.message);
+  }
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  for (const tbody of document.querySelectorAll("[data-live]")) {
+    const url = tbody.dataset.live + ("keepQuery" in tbody.dataset ? location.search : "");
+    poll(url, (data) => syncRows(tbody, data.rows));
+  }
+  for (const section of document.querySelectorAll("[data-live-object]")) {
+    poll(section.dataset.liveObject, (data) => fill(section, data));
+  }
+  for (const select of document.querySelectorAll("select[data-autosubmit]")) {
+    select.addEventListener("change", () => select.form.submit());
+  }
+  const keyForm = document.querySelector("form[data-create-key]");
+  if (keyForm) {
+    keyForm.addEventListener("submit", (ev) => {
+      ev.preventDefault();
+      createKey(keyForm);
+    });
+  }
+  document.addEventListener("click", (ev) => {
+    const button = ev.target.closest("[data-action]");
+    if (button) {
+      ev.preventDefault();
+      act(button);
+    }
+  });
+});

@@ -1,0 +1,181 @@
+"""What the dashboard shows, as flat dicts of display values.
+
+Templates render them on the first load and the page script fills the same keys
+from the JSON feeds afterwards, so both paths show identical text. Values are
+plain data: Jinja escapes them and the script only ever sets `textContent`.
+"""
+
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from app.db.models import File, Worker
+from app.services.monitoring import BatchView, WorkerView
+
+Row = dict[str, Any]
+DASH = "—"
+TIMELINE = (
+    ("created_at", "Created"),
+    ("in_progress_at", "In progress"),
+    ("finalizing_at", "Finalizing"),
+    ("completed_at", "Completed"),
+    ("failed_at", "Failed"),
+    ("cancelling_at", "Cancelling"),
+    ("cancelled_at", "Cancelled"),
+    ("expired_at", "Expired"),
+    ("expires_at", "Expires"),
+)
+
+
+def fmt_time(ts: float | None) -> str:
+    if ts is None:
+        return DASH
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def fmt_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return DASH
+    whole = round(seconds)
+    if whole < 60:
+        return f"{whole}s"
+    minutes, whole = divmod(whole, 60)
+    if minutes < 60:
+        return f"{minutes}m {whole:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours}h {minutes:02d}m"
+    return f"{hours // 24}d {hours % 24}h"
+
+
+def fmt_bytes(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "kB", "MB", "GB"):
+        if value < 1000 or unit == "GB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    return f"{value:.1f} TB"
+
+
+def file_href(file_id: str | None) -> str:
+    return f"/dashboard/files/{file_id}/content" if file_id else ""
+
+
+def batch_row(view: BatchView, now: float) -> Row:
+    counts = view.wire.request_counts
+    status = view.batch.status
+    if counts.total:
+        pct = 100.0 * view.done / counts.total
+    else:
+        pct = 100.0 if status in ("completed", "cancelled", "expired") else 0.0
+    return {
+        "id": view.batch.id,
+        "href": f"/dashboard/batches/{view.batch.id}",
+        "status": status,
+        "project": view.project_name,
+        "model": view.batch.model or DASH,
+        "endpoint": view.batch.endpoint,
+        "completed": counts.completed,
+        "failed": counts.failed,
+        "total": counts.total,
+        "progress_pct": round(pct, 1),
+        "progress": f"{pct:.0f}%",
+        "tokens_per_second": f"{view.tokens_per_second(now):.1f}",
+        "eta": fmt_duration(view.eta_seconds(now)),
+        "age": fmt_duration(now - view.batch.created_at),
+        "created": fmt_time(view.batch.created_at),
+        "cancellable": status in ("validating", "in_progress", "finalizing"),
+    }
+
+
+def batch_detail(view: BatchView, files: dict[str, File], now: float) -> Row:
+    """The batch page: its row plus timeline, usage, errors, metadata and file links."""
+    b, usage = view.batch, view.wire.usage
+    detail = batch_row(view, now)
+    detail["timeline"] = [
+        {"label": label, "time": fmt_time(getattr(b, attr))}
+        for attr, label in TIMELINE
+        if getattr(b, attr) is not None or attr in ("created_at", "expires_at")
+    ]
+    detail["errors"] = [
+        {
+            "line": DASH if e.line is None else str(e.line),
+            "code": e.code,
+            "param": e.param or DASH,
+            "message": e.message,
+        }
+        for e in (view.wire.errors.data if view.wire.errors else [])
+    ]
+    detail["has_errors"] = bool(detail["errors"])
+    detail["metadata"] = [{"key": k, "value": str(v)} for k, v in (b.metadata_ or {}).items()]
+    for kind, file_id in (
+        ("input", b.input_file_id),
+        ("output", b.output_file_id),
+        ("error", b.error_file_id),
+    ):
+        f = files.get(file_id or "")
+        detail[f"{kind}_file_id"] = file_id or ""
+        detail[f"{kind}_href"] = file_href(file_id) if f is not None else ""
+        detail[f"{kind}_name"] = f.filename if f is not None else DASH
+    detail.update(
+        input_tokens=usage.input_tokens,
+        cached_tokens=usage.input_tokens_details.cached_tokens,
+        output_tokens=usage.output_tokens,
+        reasoning_tokens=usage.output_tokens_details.reasoning_tokens,
+        total_tokens=usage.total_tokens,
+    )
+    return detail
+
+
+def chart_caption(series: list[tuple[float, float]], status: str) -> str:
+    if not series:
+        if status in ("completed", "cancelled", "expired", "failed"):
+            # The finaliser deletes the result chunks this chart is drawn from.
+            return "The throughput history is kept only while a batch runs."
+        return "No results recorded yet."
+    span = series[-1][0] - series[0][0]
+    peak = max(rate for _t, rate in series)
+    return f"Peak {peak:.1f} requests/s, over {fmt_duration(span)} from {fmt_time(series[0][0])}."
+
+
+def worker_row(view: WorkerView) -> Row:
+    w: Worker = view.worker
+    return {
+        "id": w.id,
+        "host": w.host,
+        "pid": w.pid,
+        "model": w.model,
+        "state": view.state,
+        "heartbeat_age": fmt_duration(view.heartbeat_age),
+        "batch_href": f"/dashboard/batches/{view.batch_id}" if view.batch_id else "",
+        "shard": f"{view.batch_id} #{view.shard_index}" if view.batch_id else DASH,
+        "tokens_per_second": f"{w.tokens_per_second:.1f}",
+        "started": fmt_time(w.started_at),
+        "uptime": fmt_duration((w.stopped_at or time.time()) - w.started_at),
+    }
+
+
+def file_row(f: File, project_name: str) -> Row:
+    return {
+        "id": f.id,
+        "filename": f.filename,
+        "purpose": f.purpose,
+        "project": project_name,
+        "bytes": fmt_bytes(f.bytes),
+        "created": fmt_time(f.created_at),
+        "expires": fmt_time(f.expires_at),
+        "href": file_href(f.id),
+    }
+
+
+def key_row(key: Any) -> Row:
+    """From the admin API's `ApiKeyObject`."""
+    return {
+        "id": key.id,
+        "project": key.project_name,
+        "name": key.name or DASH,
+        "role": key.role,
+        "redacted": key.redacted_value,
+        "created": fmt_time(key.created_at),
+        "revoke_url": f"/dashboard/api/keys/{key.id}/revoke",
+    }

@@ -1,0 +1,112 @@
+"""Structured logs: one JSON object a line, carrying the request id of the HTTP request."""
+
+import logging
+import sys
+import time
+from contextvars import ContextVar
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+request_id_var: ContextVar[str | None] = ContextVar("request_id", default=None)
+
+# Attributes every LogRecord has; anything else was passed with `extra=` and is logged.
+_STANDARD_ATTRS = frozenset(
+    logging.LogRecord("", 0, "", 0, "", None, None).__dict__.keys() | {"message", "asctime"}
+)
+# Routes polled by machines: logged at DEBUG so that they do not drown the rest.
+_QUIET_PATHS = ("/healthz", "/readyz", "/metrics")
+
+access_log = logging.getLogger("overnight.access")
+
+
+class JsonFormatter(logging.Formatter):
+    """Formats a record as `{"ts", "level", "logger", "message", "request_id", ...extra}`."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        request_id = getattr(record, "request_id", None) or request_id_var.get()
+        if request_id:
+            entry["request_id"] = request_id
+        for key, value in record.__dict__.items():
+            if key not in _STANDARD_ATTRS and key not in entry and not key.startswith("_"):
+                entry[key] = value
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return orjson.dumps(entry, default=str).decode()
+
+
+class TextFormatter(logging.Formatter):
+    """Plain lines for a terminal, still showing the request id."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)-7s %(name)s %(message)s", "%H:%M:%S")
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        request_id = getattr(record, "request_id", None) or request_id_var.get()
+        return f"{line} [{request_id}]" if request_id else line
+
+
+def configure_logging(level: str = "info", fmt: str = "json") -> None:
+    """Route every logger (uvicorn's included) through one stderr handler."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+        logger = logging.getLogger(name)
+        logger.handlers.clear()
+        logger.propagate = True
+    # AccessLogMiddleware logs every request with its id; uvicorn's own line would repeat it.
+    logging.getLogger("uvicorn.access").disabled = True
+
+
+class AccessLogMiddleware:
+    """Binds the request id to the logging context and logs one line per request."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        token = request_id_var.set(scope.get("state", {}).get("request_id"))
+        started = time.perf_counter()
+        status = 500
+
+        async def send_and_record(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_record)
+        finally:
+            path = scope.get("path", "")
+            access_log.log(
+                logging.DEBUG if path in _QUIET_PATHS else logging.INFO,
+                "%s %s %d",
+                scope.get("method"),
+                path,
+                status,
+                extra={
+                    "method": scope.get("method"),
+                    "path": path,
+                    "status": status,
+                    "duration_ms": round((time.perf_counter() - started) * 1000, 2),
+                },
+            )
+            request_id_var.reset(token)

@@ -1,0 +1,141 @@
+"""Prometheus metrics: deployment state read from the database at scrape time, plus HTTP latency.
+
+Reading the database makes the figures the same whichever API replica is scraped and
+whichever worker did the work (no multi-process bookkeeping).
+"""
+
+import time
+from collections.abc import Iterator
+
+from fastapi import APIRouter, FastAPI, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.config import Settings
+from app.db.models import BATCH_STATUSES
+from app.db.session import session_scope
+from app.services import monitoring
+
+
+class DatabaseCollector(Collector):
+    """Batches, queue depth, requests, tokens and workers, as the database has them."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    def collect(self) -> Iterator[Metric]:
+        lease = self.settings.lease_seconds
+        with session_scope(self.settings) as session:
+            totals = monitoring.totals(session, lease)
+            workers = monitoring.list_workers(session, lease)
+        batches = GaugeMetricFamily("overnight_batches", "Batches by status.", labels=["status"])
+        for status in BATCH_STATUSES:
+            batches.add_metric([status], totals.batches_by_status.get(status, 0))
+        yield batches
+        yield GaugeMetricFamily(
+            "overnight_queue_requests",
+            "Requests of in-progress batches that have no result yet.",
+            value=totals.queued_requests,
+        )
+        requests = CounterMetricFamily(
+            "overnight_requests", "Batch requests with a persisted result.", labels=["outcome"]
+        )
+        requests.add_metric(["completed"], totals.completed)
+        requests.add_metric(["failed"], totals.failed)
+        yield requests
+        tokens = CounterMetricFamily(
+            "overnight_tokens", "Tokens of persisted batch results.", labels=["kind"]
+        )
+        tokens.add_metric(["prompt"], totals.input_tokens)
+        tokens.add_metric(["generated"], totals.output_tokens)
+        yield tokens
+        yield from _worker_metrics(workers)
+
+
+def _worker_metrics(workers: list[monitoring.WorkerView]) -> Iterator[Metric]:
+    live = [w for w in workers if w.state in ("running", "idle")]
+    count = GaugeMetricFamily("overnight_workers", "Live workers by model.", labels=["model"])
+    for model in sorted({w.worker.model for w in live}):
+        count.add_metric([model], sum(1 for w in live if w.worker.model == model))
+    yield count
+    labels = ["worker", "model"]
+    rate = GaugeMetricFamily(
+        "overnight_worker_tokens_per_second", "Tokens/s each live worker reports.", labels=labels
+    )
+    busy = GaugeMetricFamily(
+        "overnight_worker_busy", "1 while a live worker holds a shard, else 0.", labels=labels
+    )
+    age = GaugeMetricFamily(
+        "overnight_worker_heartbeat_age_seconds",
+        "Seconds since a live worker's heartbeat.",
+        labels=labels,
+    )
+    for w in live:
+        key = [w.worker.id, w.worker.model]
+        rate.add_metric(key, w.worker.tokens_per_second)
+        busy.add_metric(key, 1.0 if w.state == "running" else 0.0)
+        age.add_metric(key, w.heartbeat_age)
+    yield from (rate, busy, age)
+
+
+class Metrics:
+    """One registry per app, so that several apps (tests) can live in one process."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(DatabaseCollector(settings))
+        self.http_latency = Histogram(
+            "overnight_http_request_duration_seconds",
+            "HTTP request latency by route template.",
+            ["method", "route", "status"],
+            registry=self.registry,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+        )
+
+
+class HttpMetricsMiddleware:
+    """Observes every request's latency, labelled by route template (not raw path)."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500
+
+        async def send_and_record(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_record)
+        finally:
+            route = scope.get("route")
+            self.metrics.http_latency.labels(
+                scope.get("method", ""), getattr(route, "path", "unmatched"), str(status)
+            ).observe(time.perf_counter() - started)
+
+
+router = APIRouter(include_in_schema=False)
+
+
+@router.get("/metrics")
+def metrics_endpoint(request: Request) -> Response:
+    """Prometheus text exposition."""
+    metrics: Metrics = request.app.state.metrics
+    return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def install_metrics(app: FastAPI, settings: Settings) -> None:
+    """Adds `/metrics` and the latency middleware to an app."""
+    app.state.metrics = Metrics(settings)
+    app.include_router(router)
+    app.add_middleware(HttpMetricsMiddleware, metrics=app.state.metrics)

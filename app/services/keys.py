@@ -1,0 +1,44 @@
+"""Administering projects' API keys: list, create, revoke."""
+
+import time
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.db.models import ApiKey, Project
+from app.errors import OpenAIError, not_found
+from app.services.auth import create_key
+
+
+def list_keys(
+    session: Session, project_name: str | None = None, include_revoked: bool = False
+) -> list[tuple[ApiKey, Project]]:
+    """Keys with their projects, newest first."""
+    query = select(ApiKey, Project).join(Project, Project.id == ApiKey.project_id)
+    if project_name:
+        query = query.where(Project.name == project_name)
+    if not include_revoked:
+        query = query.where(ApiKey.revoked_at.is_(None))
+    return [(k, p) for k, p in session.execute(query.order_by(ApiKey.seq.desc()))]
+
+
+def create_project_key(
+    session: Session, project_name: str, role: str = "member", name: str = ""
+) -> tuple[ApiKey, Project, str]:
+    """A new key (and its project if new); the secret is returned once."""
+    project_name = project_name.strip()
+    if not project_name:
+        raise OpenAIError("A project name is required.", param="project")
+    key, secret = create_key(session, project_name, role=role, name=name)
+    project = session.scalars(select(Project).where(Project.id == key.project_id)).one()
+    return key, project, secret
+
+
+def revoke_key(session: Session, key_id: str) -> ApiKey:
+    """Revoke a key at once; revoking a revoked key changes nothing."""
+    key = session.scalar(select(ApiKey).where(ApiKey.id == key_id))
+    if key is None:
+        raise not_found("API key", key_id)
+    if key.revoked_at is None:
+        key.revoked_at = int(time.time())
+    return key

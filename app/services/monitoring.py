@@ -1,0 +1,245 @@
+"""Read-only views over the whole deployment, for operators: the dashboard and `/metrics`.
+
+Counts follow the batch contract: while a batch runs, its progress is the sum over its
+shards (what has been persisted); once terminal, the batch row's own totals.
+"""
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import ColumnElement, and_, func, or_, select
+from sqlalchemy.orm import Session
+
+from app.db.models import (
+    TERMINAL_BATCH_STATUSES,
+    Batch,
+    File,
+    Project,
+    ResultChunk,
+    Shard,
+    Worker,
+)
+from app.schemas.batches import BatchObject
+from app.services import batches
+
+CHART_POINTS = 60
+
+
+@dataclass
+class BatchView:
+    """A batch as the API shows it (live counts), with what operators also want to see."""
+
+    batch: Batch
+    wire: BatchObject
+    project_name: str
+    # Sum of the tokens/s its live workers report right now.
+    live_tokens_per_second: float = 0.0
+
+    @property
+    def done(self) -> int:
+        return self.wire.request_counts.completed + self.wire.request_counts.failed
+
+    def tokens_per_second(self, now: float) -> float:
+        """Live rate while workers run it; otherwise the average over its running time."""
+        if self.live_tokens_per_second > 0:
+            return self.live_tokens_per_second
+        elapsed = self._running_seconds(now)
+        return self.wire.usage.total_tokens / elapsed if elapsed > 0 else 0.0
+
+    def eta_seconds(self, now: float) -> float | None:
+        """Time left at the average request rate so far; None when unknown or finished."""
+        if self.batch.status != "in_progress" or not self.done:
+            return None
+        rate = self.done / max(self._running_seconds(now), 1e-9)
+        return max(self.wire.request_counts.total - self.done, 0) / rate
+
+    def _running_seconds(self, now: float) -> float:
+        b = self.batch
+        if b.in_progress_at is None:
+            return 0.0
+        end = b.finalizing_at or b.cancelled_at or b.expired_at or b.completed_at or now
+        return max(float(end - b.in_progress_at), 0.0)
+
+
+@dataclass
+class WorkerView:
+    worker: Worker
+    batch_id: str | None
+    shard_index: int | None
+    state: str  # "running", "idle", "stale" (no heartbeat for a lease), "stopped"
+    heartbeat_age: float
+
+
+@dataclass
+class Totals:
+    """Deployment-wide sums, for Prometheus."""
+
+    batches_by_status: dict[str, int] = field(default_factory=dict)
+    queued_requests: int = 0
+    completed: int = 0
+    failed: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+def _live_worker_clause(lease_seconds: float, now: float) -> ColumnElement[bool]:
+    return and_(Worker.stopped_at.is_(None), Worker.heartbeat_at >= now - lease_seconds)
+
+
+def _views(session: Session, rows: Sequence[Any], lease_seconds: float) -> list[BatchView]:
+    running = [b.id for b, _ in rows if b.status not in TERMINAL_BATCH_STATUSES]
+    live = batches.live_progress(session, running)
+    rates: dict[str, float] = {}
+    if running:
+        now = time.time()
+        rates = {
+            batch_id: float(rate or 0.0)
+            for batch_id, rate in session.execute(
+                select(Shard.batch_id, func.sum(Worker.tokens_per_second))
+                .join(Worker, Worker.current_shard_id == Shard.id)
+                .where(Shard.batch_id.in_(running), _live_worker_clause(lease_seconds, now))
+                .group_by(Shard.batch_id)
+            )
+        }
+    return [
+        BatchView(
+            b,
+            batches.to_wire(b, live.get(b.id, batches.Progress())),
+            name,
+            rates.get(b.id, 0.0),
+        )
+        for b, name in rows
+    ]
+
+
+def list_batches(
+    session: Session,
+    lease_seconds: float,
+    *,
+    status: str | None = None,
+    project_id: str | None = None,
+    limit: int = 100,
+) -> list[BatchView]:
+    """Newest first, across every project."""
+    query = select(Batch, Project.name).join(Project, Project.id == Batch.project_id)
+    if status:
+        query = query.where(Batch.status == status)
+    if project_id:
+        query = query.where(Batch.project_id == project_id)
+    rows = session.execute(query.order_by(Batch.seq.desc()).limit(limit)).all()
+    return _views(session, rows, lease_seconds)
+
+
+def get_batch(session: Session, batch_id: str, lease_seconds: float) -> BatchView | None:
+    row = session.execute(
+        select(Batch, Project.name)
+        .join(Project, Project.id == Batch.project_id)
+        .where(Batch.id == batch_id)
+    ).first()
+    return _views(session, [row], lease_seconds)[0] if row is not None else None
+
+
+def throughput_series(session: Session, batch_id: str) -> list[tuple[float, float]]:
+    """Requests finished per second over time, from when result chunks were recorded.
+
+    At most `CHART_POINTS` points of `(unix time, requests/s)`, evenly spaced.
+    """
+    chunks = session.execute(
+        select(ResultChunk.created_at, ResultChunk.lines)
+        .join(Shard, Shard.id == ResultChunk.shard_id)
+        .where(Shard.batch_id == batch_id)
+        .order_by(ResultChunk.created_at)
+    ).all()
+    if not chunks:
+        return []
+    start, end = chunks[0][0], chunks[-1][0]
+    width = max((end - start) / CHART_POINTS, 1.0)
+    buckets = [0] * (int((end - start) / width) + 1)
+    for created_at, lines in chunks:
+        buckets[int((created_at - start) / width)] += lines
+    return [(start + i * width, count / width) for i, count in enumerate(buckets)]
+
+
+def list_workers(session: Session, lease_seconds: float, limit: int = 200) -> list[WorkerView]:
+    """Live workers first, then the most recently seen."""
+    now = time.time()
+    rows = session.execute(
+        select(Worker, Shard.batch_id, Shard.index)
+        .outerjoin(Shard, Shard.id == Worker.current_shard_id)
+        .order_by(Worker.stopped_at.is_not(None), Worker.heartbeat_at.desc())
+        .limit(limit)
+    ).all()
+    views = []
+    for worker, batch_id, shard_index in rows:
+        age = max(now - worker.heartbeat_at, 0.0)
+        if worker.stopped_at is not None:
+            state = "stopped"
+        elif age > lease_seconds:
+            state = "stale"
+        else:
+            state = "running" if worker.current_shard_id is not None else "idle"
+        views.append(WorkerView(worker, batch_id, shard_index, state, age))
+    return views
+
+
+def list_files(
+    session: Session,
+    *,
+    project_id: str | None = None,
+    purpose: str | None = None,
+    limit: int = 200,
+) -> list[tuple[File, str]]:
+    """Files that are not deleted, newest first, with their project's name."""
+    query = (
+        select(File, Project.name)
+        .join(Project, Project.id == File.project_id)
+        .where(
+            File.deleted_at.is_(None),
+            or_(File.expires_at.is_(None), File.expires_at > int(time.time())),
+        )
+    )
+    if project_id:
+        query = query.where(File.project_id == project_id)
+    if purpose:
+        query = query.where(File.purpose == purpose)
+    return [(f, name) for f, name in session.execute(query.order_by(File.seq.desc()).limit(limit))]
+
+
+def list_projects(session: Session) -> Sequence[Project]:
+    return session.scalars(select(Project).order_by(Project.name)).all()
+
+
+def totals(session: Session, lease_seconds: float) -> Totals:
+    """Batches by status, queued requests, and requests and tokens processed so far."""
+    t = Totals()
+    for status, count in session.execute(select(Batch.status, func.count()).group_by(Batch.status)):
+        t.batches_by_status[status] = int(count)
+    done = session.execute(
+        select(
+            func.sum(Batch.completed),
+            func.sum(Batch.failed),
+            func.sum(Batch.input_tokens),
+            func.sum(Batch.output_tokens),
+        ).where(Batch.status.in_(TERMINAL_BATCH_STATUSES))
+    ).one()
+    live = session.execute(
+        select(
+            func.sum(Shard.completed),
+            func.sum(Shard.failed),
+            func.sum(Shard.input_tokens),
+            func.sum(Shard.output_tokens),
+            func.sum(
+                # Lines still to run in shards that can still be run.
+                Shard.line_count - Shard.completed - Shard.failed
+            ).filter(Batch.status == "in_progress", Shard.status != "done"),
+        )
+        .join(Batch, Batch.id == Shard.batch_id)
+        .where(Batch.status.not_in(TERMINAL_BATCH_STATUSES))
+    ).one()
+    t.completed, t.failed, t.input_tokens, t.output_tokens = (
+        int(a or 0) + int(b or 0) for a, b in zip(done, live[:4], strict=True)
+    )
+    t.queued_requests = int(live[4] or 0)
+    return t

@@ -1,0 +1,236 @@
+"""`overnight serve`: the API and one worker per served model, kept running.
+
+Each child runs in its own process group, so that stopping or restarting it also
+ends whatever it started (vLLM's engine core processes): no engine outlives its
+worker. A child that dies is restarted after a growing pause; Ctrl-C or SIGTERM
+stops them all, gently first.
+"""
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from app.config import Settings
+
+log = logging.getLogger("overnight.serve")
+
+BACKOFF_SECONDS = (1.0, 2.0, 5.0, 10.0, 30.0)
+# A child that ran this long is considered healthy again: its next restart is quick.
+HEALTHY_AFTER_SECONDS = 60.0
+STOP_GRACE_SECONDS = 20.0
+POLL_SECONDS = 0.25
+
+
+@dataclass
+class Child:
+    """One supervised command and its current process."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str] | None = None
+    process: subprocess.Popen[bytes] | None = None
+    started_at: float = 0.0
+    failures: int = 0
+    restart_at: float | None = None
+    restarts: int = field(default=0)
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(self.argv, env=self.env, start_new_session=True)
+        self.started_at = time.monotonic()
+        self.restart_at = None
+        log.info("%s started (pid %d)", self.name, self.process.pid)
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    def signal_group(self, sig: int) -> None:
+        """Signals the child's whole process group (it is the group's leader)."""
+        if self.process is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, sig)
+
+
+class Supervisor:
+    """Starts children, restarts any that exit, and stops them all on request."""
+
+    def __init__(
+        self,
+        children: Sequence[Child],
+        *,
+        backoff: Sequence[float] = BACKOFF_SECONDS,
+        grace_seconds: float = STOP_GRACE_SECONDS,
+    ) -> None:
+        self.children = list(children)
+        self.backoff = backoff
+        self.grace_seconds = grace_seconds
+        self.stopping = threading.Event()
+
+    def start(self) -> None:
+        for child in self.children:
+            child.start()
+
+    def check(self) -> None:
+        """Notices exited children, clears their groups, restarts them when it is time."""
+        now = time.monotonic()
+        for child in self.children:
+            if child.process is None or child.restart_at is not None:
+                if child.restart_at is not None and now >= child.restart_at:
+                    child.restarts += 1
+                    child.start()
+                continue
+            code = child.process.poll()
+            if code is None:
+                continue
+            # Whatever the child left behind (an engine core) goes with it.
+            child.signal_group(signal.SIGKILL)
+            ran = now - child.started_at
+            child.failures = 0 if ran >= HEALTHY_AFTER_SECONDS else child.failures + 1
+            pause = self.backoff[min(child.failures, len(self.backoff) - 1)]
+            child.restart_at = now + pause
+            log.warning(
+                "%s exited with code %s after %.0f s; restarting in %.0f s",
+                child.name,
+                code,
+                ran,
+                pause,
+            )
+
+    def run(self, ready: Callable[[], None] | None = None) -> None:
+        """Supervises until `stopping` is set (signal handlers set it), then stops all."""
+        self.start()
+        try:
+            if ready is not None:
+                ready()
+            while not self.stopping.wait(POLL_SECONDS):
+                self.check()
+        finally:
+            self.stop()
+
+    def stop(self) -> None:
+        """SIGTERM to every group, then SIGKILL to whatever is left after the grace period."""
+        running = [c for c in self.children if c.process and c.process.poll() is None]
+        for child in running:
+            child.signal_group(signal.SIGTERM)
+        deadline = time.monotonic() + self.grace_seconds
+        for child in running:
+            assert child.process is not None
+            try:
+                child.process.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                log.warning("%s did not stop in time: killing it", child.name)
+        for child in self.children:
+            child.signal_group(signal.SIGKILL)
+            if child.process is not None and child.process.poll() is None:
+                child.process.wait()
+
+    def handle_signals(self) -> None:
+        def _stop(signum: int, _frame: object) -> None:
+            if self.stopping.is_set():
+                return
+            print("\novernight: stopping…", file=sys.stderr)
+            self.stopping.set()
+
+        signal.signal(signal.SIGINT, _stop)
+        signal.signal(signal.SIGTERM, _stop)
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "app.cli", *args]
+
+
+def children_for(settings: Settings, models: Sequence[str]) -> list[Child]:
+    """The API and one worker per model, all on the same settings."""
+    data_dir = str(Path(settings.data_dir).resolve())
+    env = {**os.environ, "OVERNIGHT_DATA_DIR": data_dir, "HF_HUB_OFFLINE": "1"}
+    api = Child(
+        "api",
+        _cli("api", "--host", settings.host, "--port", str(settings.port), "--data-dir", data_dir),
+        env,
+    )
+    workers = [
+        Child(f"worker {name}", _cli("worker", "--model", name, "--data-dir", data_dir), env)
+        for name in models
+    ]
+    return [api, *workers]
+
+
+def public_url(settings: Settings) -> str:
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{settings.port}"
+
+
+def wait_until_ready(
+    url: str, api: Child, stopping: threading.Event, timeout: float = 120.0
+) -> bool:
+    """Polls `/readyz`; False if asked to stop first. Fails fast if the API has exited."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if stopping.is_set():
+            return False
+        if api.process is not None and api.process.poll() is not None:
+            raise RuntimeError(f"the API exited with code {api.process.returncode}")
+        try:
+            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"the API did not become ready within {timeout:.0f} s")
+
+
+def banner(url: str, models: Sequence[str], open_mode: bool) -> str:
+    key = '"anything"  # no keys configured' if open_mode else 'os.environ["OPENAI_API_KEY"]'
+    workers = ", ".join(models) if models else "none (--no-workers)"
+    return f"""
+overnight is running
+  API        {url}/v1
+  Dashboard  {url}/dashboard
+  Workers    {workers} (loading; see {url}/dashboard/workers)
+
+Try it with the OpenAI SDK:
+
+  import os
+  from openai import OpenAI
+  client = OpenAI(base_url="{url}/v1", api_key={key})
+  batch_file = client.files.create(file=open("requests.jsonl", "rb"), purpose="batch")
+  batch = client.batches.create(input_file_id=batch_file.id,
+                                endpoint="/v1/chat/completions", completion_window="24h")
+
+or: overnight batches submit requests.jsonl --wait
+
+Press Ctrl-C to stop.
+"""
+
+
+def serve(settings: Settings, models: Sequence[str], open_mode: bool) -> int:
+    """Runs the service until Ctrl-C or SIGTERM; returns the exit code."""
+    children = children_for(settings, models)
+    supervisor = Supervisor(children)
+    supervisor.handle_signals()
+    url = public_url(settings)
+
+    def announce() -> None:
+        try:
+            if wait_until_ready(url, children[0], supervisor.stopping):
+                print(banner(url, models, open_mode), flush=True)
+        except RuntimeError as exc:
+            print(f"overnight: {exc}", file=sys.stderr)
+            supervisor.stopping.set()
+            raise SystemExit(1) from None
+
+    supervisor.run(announce)
+    return 0

@@ -1,0 +1,253 @@
+"""The dashboard in real headless Chromium, through real batches run by the real worker loop.
+
+The worker is `worker.loop.Worker` with a scripted engine (tests/fake_engine.py), so a batch
+takes seconds and its pace is set per request; the vLLM path itself is covered by the engine
+tests and by tests/test_readme.py. Screenshots land in test-artifacts/.
+"""
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import orjson
+import pytest
+from playwright.sync_api import Browser, Dialog, Page, expect, sync_playwright
+
+from app.config import Settings
+from tests.engine_fixtures import chat_line, jsonl, start_batch, wait_status
+from tests.fake_engine import FakeEngine, ThreadedWorker, fast
+from tests.harness import RunningServer, running_server
+
+CHROMIUM = Path("/usr/bin/chromium")
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+ADMIN_KEY = "sk-admin-browser-test"
+HOSTILE = "<img src=x onerror=alert('xss')>"
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    if not CHROMIUM.exists():
+        message = f"{CHROMIUM} is missing: apt-get install chromium"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    with sync_playwright() as p:
+        launched = p.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def server(settings: Settings) -> Iterator[RunningServer]:
+    with running_server(fast(settings, admin_key=ADMIN_KEY, shard_lines=6)) as running:
+        yield running
+
+
+@pytest.fixture
+def sdk(server: RunningServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.base_url, api_key=ADMIN_KEY, max_retries=0)
+
+
+class Alerts:
+    """Records dialogs: an alert would mean that injected script ran."""
+
+    def __init__(self) -> None:
+        self.alerts: list[str] = []
+
+    def __call__(self, dialog: Dialog) -> None:
+        if dialog.type == "confirm":
+            dialog.accept()
+        else:
+            self.alerts.append(dialog.message)
+            dialog.dismiss()
+
+
+def open_page(browser: Browser, server: RunningServer, width: int = 1280) -> tuple[Page, Alerts]:
+    page = browser.new_page(viewport={"width": width, "height": 900}, accept_downloads=True)
+    page.set_default_timeout(30_000)
+    alerts = Alerts()
+    page.on("dialog", alerts)
+    return page, alerts
+
+
+def log_in(page: Page, server: RunningServer, path: str = "/dashboard") -> None:
+    page.goto(server.url + path)
+    expect(page.locator("h1")).to_have_text("Log in")
+    page.fill("#key", "sk-not-it")
+    page.click("button[type=submit]")
+    expect(page.locator(".error")).to_have_text("That is not an admin key.")
+    page.fill("#key", ADMIN_KEY)
+    page.click("button[type=submit]")
+    expect(page).to_have_url(server.url + path)
+
+
+def shot(page: Page, name: str) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
+def no_horizontal_scroll(page: Page) -> None:
+    overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+    assert overflow <= 1, f"the page scrolls sideways by {overflow}px"
+
+
+def slow_lines(n: int, delay: float, prefix: str = "r") -> bytes:
+    return jsonl([chat_line(f"{prefix}-{i}", delay=delay) for i in range(n)])
+
+
+def test_batch_runs_live_and_downloads(
+    browser: Browser, server: RunningServer, sdk: openai.OpenAI, backend: str
+) -> None:
+    page, alerts = open_page(browser, server)
+    log_in(page, server)
+    lines = [chat_line(f"ok-{i}", delay=1.0) for i in range(23)]
+    lines.append(
+        orjson.dumps(
+            {
+                "custom_id": "bad",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {"model": "SmolLM2-135M-Instruct", "prompt": "no messages"},
+            }
+        )
+    )
+    f = sdk.files.create(file=(f"{HOSTILE}.jsonl", jsonl(lines)), purpose="batch")
+    batch = sdk.batches.create(
+        input_file_id=f.id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+        metadata={"owner": HOSTILE},
+    )
+    wait_status(sdk, batch.id, "in_progress")
+    # The new batch appears without a reload.
+    row = page.locator(f'tr[data-key="{batch.id}"]')
+    expect(row.locator('[data-field="status"]')).to_have_text("in_progress")
+    expect(row.locator('[data-field="total"]')).to_have_text("24")
+
+    seen: list[float] = []
+    with ThreadedWorker(server.settings, FakeEngine(max_num_seqs=2)):
+        deadline = time.monotonic() + 60
+        while row.locator('[data-field="status"]').inner_text() != "completed":
+            value = row.locator("progress").evaluate("el => el.value")
+            if not seen or value != seen[-1]:
+                seen.append(value)
+            if len(seen) == 3:
+                shot(page, f"batches-running-{backend}")
+            assert time.monotonic() < deadline, f"progress stuck at {seen}"
+            time.sleep(0.1)
+    assert seen == sorted(seen) and len(seen) >= 3, f"the bar did not advance live: {seen}"
+    expect(row.locator("progress")).to_have_js_property("value", 100)
+
+    row.locator('a[data-field="id"]').click()
+    expect(page.locator("h1")).to_have_text(batch.id)
+    expect(page.locator('[data-field="completed"]').first).to_have_text("23")
+    expect(page.locator('[data-field="failed"]').first).to_have_text("1")
+    expect(page.locator('.pairs [data-field="input_name"]')).to_have_text(f"{HOSTILE}.jsonl")
+    expect(page.locator('[data-list="metadata"] [data-field="value"]')).to_have_text(HOSTILE)
+    expect(page.locator(".timeline li")).to_contain_text(
+        ["Created", "In progress", "Finalizing", "Completed"]
+    )
+    expect(page.locator("[data-action=cancel]")).to_be_hidden()
+    expect(page.locator('[data-field="chart_caption"]')).to_contain_text("only while")
+    shot(page, f"batch-completed-{backend}")
+
+    final = sdk.batches.retrieve(batch.id)
+    assert final.output_file_id and final.error_file_id
+    for field, file_id in (
+        ("output_href", final.output_file_id),
+        ("error_href", final.error_file_id),
+    ):
+        with page.expect_download() as info:
+            page.click(f'a[data-href="{field}"]')
+        saved = Path(info.value.path())
+        assert saved.read_bytes() == sdk.files.content(file_id).content
+    assert alerts.alerts == []
+
+    phone, phone_alerts = open_page(browser, server, width=390)
+    phone.context.add_cookies(page.context.cookies())
+    for path, name in (("/dashboard", "batches"), (f"/dashboard/batches/{batch.id}", "batch")):
+        phone.goto(server.url + path)
+        expect(phone.locator("h1")).to_be_visible()
+        no_horizontal_scroll(phone)
+        shot(phone, f"phone-{name}-{backend}")
+    assert phone_alerts.alerts == []
+
+
+def test_cancel_from_the_batch_page(
+    browser: Browser, server: RunningServer, sdk: openai.OpenAI, backend: str
+) -> None:
+    page, alerts = open_page(browser, server)
+    log_in(page, server)
+    batch_id = start_batch(sdk, slow_lines(40, delay=0.5), name="slow.jsonl")
+    wait_status(sdk, batch_id, "in_progress")
+    with ThreadedWorker(server.settings, FakeEngine(max_num_seqs=2)):
+        page.goto(f"{server.url}/dashboard/batches/{batch_id}")
+        completed = page.locator('.stats [data-field="completed"]')
+        expect(completed).not_to_have_text("0", timeout=30_000)
+        expect(page.locator(".chart rect").first).to_be_attached()
+        expect(page.locator('[data-field="chart_caption"]')).to_contain_text("Peak")
+        page.click("[data-action=cancel]")  # confirm() is accepted by Alerts
+        expect(page.locator('h1 ~ [data-field="status"]')).to_have_text("cancelled", timeout=30_000)
+    batch = sdk.batches.retrieve(batch_id)
+    assert batch.status == "cancelled" and batch.request_counts is not None
+    assert batch.request_counts.completed < 40
+    expect(page.locator("[data-action=cancel]")).to_be_hidden()
+    expect(page.locator(".timeline li")).to_contain_text(["Cancelling", "Cancelled"])
+    with page.expect_download() as info:
+        page.click('a[data-href="error_href"]')
+    text = Path(info.value.path()).read_text()
+    assert "batch_cancelled" in text
+    shot(page, f"batch-cancelled-{backend}")
+    assert alerts.alerts == []
+
+
+def test_workers_files_and_keys_pages(
+    browser: Browser, server: RunningServer, sdk: openai.OpenAI, backend: str
+) -> None:
+    page, alerts = open_page(browser, server)
+    log_in(page, server, "/dashboard/workers")
+    expect(page.locator("#workers caption.empty")).to_be_visible()
+    with ThreadedWorker(server.settings, FakeEngine(), worker_id="fake-1"):
+        row = page.locator('tr[data-key="fake-1"]')
+        expect(row.locator('[data-field="state"]')).to_have_text("idle")
+        expect(row.locator('[data-field="model"]')).to_have_text("SmolLM2-135M-Instruct")
+        shot(page, f"workers-{backend}")
+
+    sdk.files.create(file=(f"{HOSTILE}.jsonl", b"{}\n"), purpose="batch")
+    page.goto(server.url + "/dashboard/files")
+    expect(page.locator('#files [data-field="filename"]')).to_have_text(f"{HOSTILE}.jsonl")
+
+    page.goto(server.url + "/dashboard/keys")
+    page.fill("input[name=project]", HOSTILE)
+    page.fill("input[name=name]", "ci")
+    page.click("form[data-create-key] button[type=submit]")
+    secret = page.locator("#new-secret-value")
+    expect(page.locator("#new-secret")).to_be_visible()
+    value = secret.inner_text()
+    assert value.startswith("sk-ovn-")
+    assert openai.OpenAI(base_url=server.base_url, api_key=value).files.list().data == []
+    key_row = page.locator("#keys tbody tr")
+    expect(key_row).to_have_count(1)
+    expect(key_row.locator('[data-field="project"]')).to_have_text(HOSTILE)
+    shot(page, f"keys-{backend}")
+    key_row.locator("[data-action=revoke]").click()
+    expect(page.locator("#keys tbody tr")).to_have_count(0)
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=server.base_url, api_key=value, max_retries=0).files.list()
+    # An API error shows as a message, not a crash.
+    page.fill("input[name=project]", " ")
+    page.click("form[data-create-key] button[type=submit]")
+    expect(page.locator("#flash")).to_contain_text("project")
+    assert alerts.alerts == []

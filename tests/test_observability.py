@@ -1,0 +1,204 @@
+"""Health probes, Prometheus metrics, structured logs and the admin API."""
+
+import io
+import logging
+import shutil
+import sys
+import time
+from collections.abc import Iterator
+
+import httpx
+import openai
+import orjson
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from app.config import Settings
+from app.db.session import session_scope
+from app.logging import JsonFormatter, access_log
+from tests import batch_sim
+from tests.harness import RunningServer
+from worker import registry
+
+
+def metrics(http: httpx.Client) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    response = http.get("/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(response.text)
+        for s in family.samples
+    }
+
+
+def wait_status(client: openai.OpenAI, batch_id: str, status: str) -> None:
+    deadline = time.monotonic() + 30
+    while client.batches.retrieve(batch_id).status != status:
+        assert time.monotonic() < deadline, f"{batch_id} never became {status}"
+        time.sleep(0.05)
+
+
+def test_health_and_readiness(http: httpx.Client, settings: Settings) -> None:
+    assert http.get("/healthz").json() == {"status": "ok"}
+    ready = http.get("/readyz")
+    assert ready.status_code == 200
+    assert ready.json() == {"status": "ok", "checks": {"database": "ok", "storage": "ok"}}
+    assert "x-request-id" in ready.headers
+    # Storage that cannot write: the temp folder has become a file.
+    tmp = settings.storage_dir / ".tmp"
+    shutil.rmtree(tmp)
+    tmp.write_text("in the way")
+    broken = http.get("/readyz")
+    assert broken.status_code == 503
+    body = broken.json()
+    assert body["status"] == "unavailable"
+    assert body["checks"]["database"] == "ok"
+    assert body["checks"]["storage"].startswith("error:")
+    assert str(settings.data_dir) not in broken.text  # details stay in the log
+    assert http.get("/healthz").status_code == 200  # alive, just not ready
+    tmp.unlink()
+    tmp.mkdir()
+    assert http.get("/readyz").status_code == 200
+
+
+def test_metrics_follow_batches_and_workers(
+    http: httpx.Client, client: openai.OpenAI, settings: Settings
+) -> None:
+    before = metrics(http)
+    assert before[("overnight_queue_requests", ())] == 0
+    assert before[("overnight_batches", (("status", "in_progress"),))] == 0
+    assert before[("overnight_requests_total", (("outcome", "completed"),))] == 0
+
+    settings = settings.model_copy(update={"shard_lines": 4})
+    f = client.files.create(file=("in.jsonl", batch_sim.requests_file(10)), purpose="batch")
+    batch = client.batches.create(
+        input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    wait_status(client, batch.id, "in_progress")
+    total = client.batches.retrieve(batch.id).request_counts
+    assert total is not None and total.total == 10
+    claim = batch_sim.claim_shard(settings, "metrics-worker", batch.id)
+    assert claim is not None
+    written = batch_sim.run_shard(settings, claim, limit=3)
+    with session_scope(settings) as session:
+        registry.register(session, "w-1", batch_sim.MODEL)
+        registry.heartbeat(session, "w-1", claim.shard_id, 42.5)
+
+    now = metrics(http)
+    assert now[("overnight_batches", (("status", "in_progress"),))] == 1
+    assert now[("overnight_queue_requests", ())] == 10 - written
+    live = client.batches.retrieve(batch.id).request_counts
+    assert live is not None
+    assert now[("overnight_requests_total", (("outcome", "completed"),))] == live.completed
+    assert now[("overnight_requests_total", (("outcome", "failed"),))] == live.failed
+    usage = client.batches.retrieve(batch.id).usage
+    assert usage is not None
+    assert now[("overnight_tokens_total", (("kind", "prompt"),))] == usage.input_tokens
+    assert now[("overnight_tokens_total", (("kind", "generated"),))] == usage.output_tokens
+    worker = (("model", batch_sim.MODEL), ("worker", "w-1"))
+    assert now[("overnight_worker_tokens_per_second", worker)] == 42.5
+    assert now[("overnight_worker_busy", worker)] == 1
+    assert now[("overnight_workers", (("model", batch_sim.MODEL),))] == 1
+    # Latency is labelled by route template, never by raw id.
+    routes = {
+        dict(labels).get("route") for (name, labels) in now if name.startswith("overnight_http")
+    }
+    assert "/v1/batches/{batch_id}" in routes
+    assert not any(batch.id in (r or "") for r in routes)
+
+
+@pytest.fixture
+def captured_logs() -> Iterator[io.StringIO]:
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter())
+    access_log.addHandler(handler)
+    old_level = access_log.level
+    access_log.setLevel(logging.INFO)
+    try:
+        yield stream
+    finally:
+        access_log.removeHandler(handler)
+        access_log.setLevel(old_level)
+
+
+def test_access_log_is_json_with_the_request_id(
+    http: httpx.Client, captured_logs: io.StringIO
+) -> None:
+    response = http.get("/v1/files/file-nope")
+    assert response.status_code == 404
+    lines = [orjson.loads(line) for line in captured_logs.getvalue().splitlines()]
+    entry = next(e for e in lines if e.get("path") == "/v1/files/file-nope")
+    assert entry["request_id"] == response.headers["x-request-id"]
+    assert entry["status"] == 404
+    assert entry["method"] == "GET"
+    assert entry["level"] == "info"
+    assert entry["duration_ms"] >= 0
+
+
+def test_json_formatter_keeps_extras_and_exceptions() -> None:
+    try:
+        raise ValueError("boom <b>")
+    except ValueError:
+        record = logging.getLogger("t").makeRecord(
+            "t", logging.ERROR, __file__, 1, "failed %s", ("x",), sys.exc_info(), extra={"n": 3}
+        )
+    entry = orjson.loads(JsonFormatter().format(record))
+    assert entry["message"] == "failed x"
+    assert entry["n"] == 3
+    assert "ValueError: boom <b>" in entry["exception"]
+    assert "request_id" not in entry
+
+
+def _sdk(server: RunningServer, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.base_url, api_key=key, max_retries=0)
+
+
+def test_admin_api_manages_keys(server: RunningServer, settings: Settings) -> None:
+    open_client = _sdk(server, "anything")
+    admin = open_client.post(
+        "/admin/api_keys", body={"project": "ops", "role": "admin"}, cast_to=dict
+    )
+    assert admin["value"].startswith("sk-ovn-") and admin["role"] == "admin"
+    # Keys exist now: the open client is refused, the admin key lists them.
+    with pytest.raises(openai.AuthenticationError):
+        open_client.get("/admin/api_keys", cast_to=dict)
+    admin_client = _sdk(server, admin["value"])
+    member = admin_client.post(
+        "/admin/api_keys", body={"project": "<b>team</b>", "name": "ci"}, cast_to=dict
+    )
+    listed = admin_client.get("/admin/api_keys", cast_to=dict)
+    assert {k["id"] for k in listed["data"]} == {admin["id"], member["id"]}
+    assert all("value" not in k for k in listed["data"])
+    assert member["project_name"] == "<b>team</b>"
+    only = admin_client.get(
+        "/admin/api_keys", options={"params": {"project": "<b>team</b>"}}, cast_to=dict
+    )
+    assert [k["id"] for k in only["data"]] == [member["id"]]
+    projects = admin_client.get("/admin/projects", cast_to=dict)
+    assert {"ops", "<b>team</b>"} <= {p["name"] for p in projects["data"]}
+
+    member_client = _sdk(server, member["value"])
+    assert member_client.files.list().data == []
+    with pytest.raises(openai.PermissionDeniedError):
+        member_client.get("/admin/api_keys", cast_to=dict)
+    with pytest.raises(openai.BadRequestError):
+        admin_client.post("/admin/api_keys", body={"project": ""}, cast_to=dict)
+    with pytest.raises(openai.NotFoundError):
+        admin_client.delete("/admin/api_keys/key_nope", cast_to=dict)
+
+    revoked = admin_client.delete(f"/admin/api_keys/{member['id']}", cast_to=dict)
+    assert revoked == {"object": "api_key.revoked", "id": member["id"], "revoked": True}
+    with pytest.raises(openai.AuthenticationError):
+        member_client.files.list()
+    assert [k["id"] for k in admin_client.get("/admin/api_keys", cast_to=dict)["data"]] == [
+        admin["id"]
+    ]
+
+    with session_scope(settings) as session:
+        registry.register(session, "gpu-1:7:abc", "SmolLM2-135M-Instruct")
+    workers = admin_client.get("/admin/workers", cast_to=dict)["data"]
+    assert [(w["id"], w["state"], w["model"]) for w in workers] == [
+        ("gpu-1:7:abc", "idle", "SmolLM2-135M-Instruct")
+    ]
