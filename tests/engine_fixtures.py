@@ -1,16 +1,28 @@
 """Helpers shared by the worker tests: input lines, waiting on batches, reading result files."""
 
+import os
+import signal
+import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import openai
 import orjson
+import psutil
 from sqlalchemy import select
 
 from app.config import Settings
 from app.db.models import Shard
+from app.db.models import Worker as WorkerRow
 from app.db.session import session_scope
+from tests.harness import RunningServer, fresh_database, running_server
+
+REPO = Path(__file__).resolve().parent.parent
 
 MODEL = "SmolLM2-135M-Instruct"
 CHAT = "/v1/chat/completions"
@@ -83,3 +95,118 @@ def shards_of(settings: Settings, batch_id: str) -> list[Shard]:
         rows = list(session.scalars(select(Shard).where(Shard.batch_id == batch_id)))
         session.expunge_all()
         return rows
+
+
+# -- Real engines: one deployment (database + API server + worker processes) per session --
+
+ENGINE_ARGS = ["--enforce-eager", "--max-model-len", "2048", "--dtype", "float32"]
+ENGINE_ENV = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+class WorkerProcess:
+    """`overnight worker` in a subprocess, with its log and its submission log."""
+
+    def __init__(self, settings: Settings, name: str, model_args: list[str]) -> None:
+        self.settings = settings
+        self.name = name
+        self.log_path = settings.data_dir / f"{name}.log"
+        self.submissions_path = settings.data_dir / f"{name}.submissions"
+        env = {
+            **os.environ,
+            **ENGINE_ENV,
+            "OVERNIGHT_DATABASE_URL": settings.sqlalchemy_url,
+            "OVERNIGHT_DATA_DIR": str(settings.data_dir),
+            "OVERNIGHT_LEASE_SECONDS": str(settings.lease_seconds),
+        }
+        command = [sys.executable, "-m", "app.cli", "worker", "--worker-id", name]
+        command += ["--submission-log", str(self.submissions_path), *model_args]
+        with open(self.log_path, "ab") as log_file:
+            self.process = subprocess.Popen(
+                command, env=env, stdout=log_file, stderr=subprocess.STDOUT, cwd=REPO
+            )
+
+    def wait_ready(self, timeout: float = 300) -> None:
+        """Until the worker registered itself, which it does once its engine runs."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with session_scope(self.settings) as session:
+                row = session.get(WorkerRow, self.name)
+                if row is not None and row.pid == self.process.pid and row.stopped_at is None:
+                    return
+            code = self.process.poll()
+            assert code is None, f"worker {self.name} exited with {code}:\n{self.tail()}"
+            assert time.monotonic() < deadline, f"worker {self.name} did not start:\n{self.tail()}"
+            time.sleep(0.5)
+
+    def tail(self, chars: int = 4000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:]
+
+    def submissions(self, batch_id: str) -> list[int]:
+        if not self.submissions_path.exists():
+            return []
+        lines = self.submissions_path.read_text().split()
+        return [int(n) for b, n in zip(lines[::2], lines[1::2], strict=True) if b == batch_id]
+
+    def descendants(self) -> list[psutil.Process]:
+        try:
+            return psutil.Process(self.process.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+
+    def stop(self, timeout: float = 60) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+@dataclass
+class Deployment:
+    settings: Settings
+    server: RunningServer
+    workers: dict[str, WorkerProcess] = field(default_factory=dict)
+
+    def client(self) -> openai.OpenAI:
+        return openai.OpenAI(
+            base_url=self.server.base_url,
+            api_key="sk-test",
+            max_retries=0,
+            _strict_response_validation=True,
+        )
+
+    def start_worker(self, name: str, model_args: list[str]) -> WorkerProcess:
+        worker = WorkerProcess(self.settings, name, model_args)
+        self.workers[name] = worker
+        return worker
+
+
+@contextmanager
+def deployment(backend: str, data_dir: Path) -> Iterator[Deployment]:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    with fresh_database(backend, data_dir) as url:
+        settings = Settings(  # type: ignore[call-arg]
+            data_dir=data_dir,
+            database_url=url,
+            shard_lines=16,
+            lease_seconds=6.0,
+            housekeeping_interval_seconds=0.5,
+            _env_file=None,
+        )
+        with running_server(settings) as server:
+            running = Deployment(server.settings, server)
+            try:
+                yield running
+            finally:
+                for worker in running.workers.values():
+                    worker.stop()
+
+
+def smollm2_args(model_dir: Path) -> list[str]:
+    return ["--model", str(model_dir), "--served-model-name", MODEL, *ENGINE_ARGS]

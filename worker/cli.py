@@ -5,6 +5,7 @@ OpenAI frontend's arguments), with a few of ours in an `overnight` group.
 """
 
 import argparse
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -67,10 +68,10 @@ def prepare_args(args: argparse.Namespace, settings: Settings) -> argparse.Names
     """Resolve bundled models and fill the served name the deployment expects."""
     source = model_source(args.model, settings)
     resolved = resolve(source, settings.data_dir)
-    if source.startswith(BUNDLED_PREFIX) or source != args.model:
-        if not args.served_model_name:
-            served = settings.served_model(args.model)
-            args.served_model_name = [served.name if served else resolved.served_name]
+    named = source.startswith(BUNDLED_PREFIX) or source != args.model
+    if named and not args.served_model_name:
+        served = settings.served_model(args.model)
+        args.served_model_name = [served.name if served else resolved.served_name]
     args.model = resolved.path
     if resolved.runner and getattr(args, "runner", "auto") == "auto":
         args.runner = resolved.runner
@@ -121,6 +122,7 @@ def main(argv: Sequence[str] | None = None, settings: Settings | None = None) ->
     from app.db.session import upgrade
     from worker import process
 
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     args, settings = parse(argv, settings or get_settings())
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     upgrade(settings.sqlalchemy_url)

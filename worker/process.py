@@ -31,8 +31,8 @@ def _set_pdeathsig(parent_pid: int) -> None:
 
 def _child_prefix() -> str:
     return (
-        "try:\n import worker.process as _p; _p.die_with_parent(%d)\n"
-        "except ImportError:\n pass\n" % os.getpid()
+        f"try:\n import worker.process as _p; _p.die_with_parent({os.getpid()})\n"
+        "except ImportError:\n pass\n"
     )
 
 
@@ -59,7 +59,7 @@ def install() -> None:
         _set_pdeathsig(os.getppid())
 
     os.register_at_fork(after_in_child=after_fork_in_child)
-    multiprocessing.spawn.get_command_line = _patched_command_line(  # type: ignore[assignment]
+    multiprocessing.spawn.get_command_line = _patched_command_line(
         multiprocessing.spawn.get_command_line
     )
 

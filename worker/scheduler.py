@@ -155,7 +155,8 @@ class Scheduler:
         if self.dedup and (key := dedup_key(job.batch_id, job.endpoint, job.body)) is not None:
             if (result := self._results.get(key)) is not None:
                 self._results.move_to_end(key)
-                job.sink and job.sink.deliver(job, result, True)
+                if job.sink is not None:
+                    job.sink.deliver(job, result, True)
                 return
             if (leader := self._leaders.get(key)) is not None:
                 leader.followers.append(job)
@@ -176,9 +177,9 @@ class Scheduler:
 
     def _next(self) -> Job:
         key = self._current
-        if key not in self._groups or (self._burst >= self.window and len(self._groups) > 1):
+        if key not in self._groups or (self._burst >= self.lookahead and len(self._groups) > 1):
             if key in self._groups:
-                # Others waited a whole window: the current prefix goes to the back.
+                # Others waited a whole pool's worth: the current prefix goes to the back.
                 self._groups.move_to_end(key)
             key = next(iter(self._groups))
             self._burst = 0

@@ -1,4 +1,4 @@
-"""Running one leased shard: read → schedule → collect results → checkpoint, until done or told to stop.
+"""Running one leased shard: read → schedule → collect → checkpoint, until done or told to stop.
 
 The checkpoint is the lease's heartbeat: on a timer (≤ 1 s) it stores the finished lines as a
 chunk object and, in one fenced transaction, records the chunk, adds its counts to the shard
@@ -8,6 +8,7 @@ shard is handed back.
 """
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -118,10 +119,8 @@ class ShardRun:
 
     async def _supervise(self, feeder: "asyncio.Task[None]") -> str:
         while True:
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.options.checkpoint_seconds)
-            except TimeoutError:
-                pass
             self._wake.clear()
             if self._engine_error is not None:
                 await self._let_go()
@@ -165,7 +164,14 @@ class ShardRun:
     async def _let_go(self, reason: str = "released") -> str:
         """Abort what runs, keep what finished, hand the shard back."""
         self.fed_all.set()
-        await self.scheduler.abort(self)
+        aborted = await self.scheduler.abort(self)
+        log.info(
+            "shard %d of %s: %s, aborted %d requests",
+            self.lease.index,
+            self.lease.batch_id,
+            reason,
+            aborted,
+        )
         while True:
             try:
                 state = await self._checkpoint(release=True)
@@ -181,7 +187,7 @@ class ShardRun:
 
     async def _checkpoint(
         self, done: bool = False, release: bool = False
-    ) -> "BatchState | None | object":
+    ) -> "BatchState | object | None":
         """Store finished lines and renew the lease.
 
         Returns the batch's state (status `done` once the shard is closed), None if the lease

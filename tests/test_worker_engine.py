@@ -1,0 +1,378 @@
+"""End to end on the real vLLM CPU engine: SDK upload → batch → API validator → worker → finaliser.
+
+One SQLite deployment (API server + a SmolLM2 worker + a MiniLM worker) serves most tests;
+PostgreSQL gets a deployment with two workers sharing one batch. Engine starts are the cost
+here (~30 s each on 2 cores), so every engine is started once and shared.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psutil
+import pytest
+from sqlalchemy import select, update
+
+from app.db.models import Batch, ResultChunk, Shard
+from app.db.session import session_scope
+from tests.engine_fixtures import (
+    ENGINE_ENV,
+    MODEL,
+    REPO,
+    Deployment,
+    chat_line,
+    deployment,
+    file_lines,
+    jsonl,
+    line,
+    results,
+    smollm2_args,
+    start_batch,
+    wait_status,
+    wait_until,
+)
+from worker.models import ensure_converted
+
+pytestmark = pytest.mark.engine
+
+COMPLETIONS = "/v1/completions"
+EMBEDDINGS = "/v1/embeddings"
+MINILM = "all-MiniLM-L6-v2"
+
+REFERENCE_CHATS: list[dict[str, Any]] = [
+    {"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 16},
+    {
+        "messages": [
+            {"role": "system", "content": "You are a terse assistant."},
+            {"role": "user", "content": "Name three colours."},
+        ],
+        "max_tokens": 24,
+    },
+    {
+        "messages": [{"role": "user", "content": "Count from one to ten."}],
+        "max_tokens": 24,
+        "stop": [","],
+    },
+    {
+        "messages": [
+            {"role": "user", "content": "Hi!"},
+            {"role": "assistant", "content": "Hello! How can I help?"},
+            {"role": "user", "content": "Tell me a fact about cats."},
+        ],
+        "max_tokens": 20,
+    },
+    {"messages": [{"role": "user", "content": "Write a haiku about rain."}], "max_tokens": 8},
+]
+
+
+@pytest.fixture(scope="module")
+def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return ensure_converted(tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(scope="module")
+def reference(
+    smollm2: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Callable[[], list[str]]]:
+    """vLLM's own `LLM.chat` answers, computed in a subprocess while the workers start."""
+    folder = tmp_path_factory.mktemp("reference")
+    source, target = folder / "in.json", folder / "out.json"
+    source.write_text(json.dumps(REFERENCE_CHATS))
+    with open(folder / "log", "wb") as log:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                str(REPO / "tests" / "reference_llm.py"),
+                str(smollm2),
+                str(source),
+                str(target),
+            ],
+            env={**os.environ, **ENGINE_ENV},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+        )
+
+    def answers() -> list[str]:
+        code = process.wait(600)
+        assert code == 0, (folder / "log").read_text()[-3000:]
+        texts: list[str] = json.loads(target.read_text())
+        return texts
+
+    yield answers
+    if process.poll() is None:
+        process.kill()
+
+
+@pytest.fixture(scope="module")
+def local(
+    smollm2: Path, reference: Callable[[], list[str]], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Deployment]:
+    with deployment("sqlite", tmp_path_factory.mktemp("sqlite")) as running:
+        running.start_worker("chat-1", smollm2_args(smollm2))
+        running.start_worker("minilm", ["--model", "bundled:minilm", "--enforce-eager"])
+        running.workers["chat-1"].wait_ready()
+        yield running
+
+
+def test_chat_batch_equals_vllm_offline(
+    local: Deployment, reference: Callable[[], list[str]]
+) -> None:
+    lines = [
+        chat_line(f"chat-{i}", model=MODEL, temperature=0, **{k: v for k, v in chat.items()})
+        for i, chat in enumerate(REFERENCE_CHATS)
+    ]
+    with local.client() as client:
+        batch_id = start_batch(client, jsonl(lines))
+        batch = wait_status(client, batch_id, "completed", timeout=180)
+        by_id = results(client, batch)
+    assert batch.request_counts is not None
+    assert (batch.request_counts.total, batch.request_counts.completed) == (5, 5)
+    expected = reference()
+    for i, text in enumerate(expected):
+        item = by_id[f"chat-{i}"]
+        assert item["error"] is None
+        assert item["id"].startswith("batch_req_")
+        response = item["response"]
+        assert response["status_code"] == 200 and response["request_id"].startswith("req_")
+        body = response["body"]
+        assert body["object"] == "chat.completion" and body["model"] == MODEL
+        assert body["choices"][0]["message"]["content"] == text
+    usage = batch.usage
+    assert usage is not None
+    bodies = [by_id[f"chat-{i}"]["response"]["body"]["usage"] for i in range(5)]
+    assert usage.output_tokens == sum(u["completion_tokens"] for u in bodies)
+    assert usage.input_tokens == sum(u["prompt_tokens"] for u in bodies)
+
+
+def test_completions_batch(local: Deployment) -> None:
+    lines = [
+        line(
+            f"c-{i}",
+            COMPLETIONS,
+            {"model": MODEL, "prompt": prompt, "max_tokens": 8, "temperature": 0, "logprobs": 2},
+        )
+        for i, prompt in enumerate(["The capital of France is", "1, 2, 3,", "Once upon a time"])
+    ]
+    with local.client() as client:
+        batch_id = start_batch(client, jsonl(lines), endpoint=COMPLETIONS)
+        batch = wait_status(client, batch_id, "completed", timeout=120)
+        by_id = results(client, batch)
+    for i in range(3):
+        body = by_id[f"c-{i}"]["response"]["body"]
+        assert body["object"] == "text_completion"
+        choice = body["choices"][0]
+        assert (
+            choice["text"]
+            and len(choice["logprobs"]["top_logprobs"]) == body["usage"]["completion_tokens"]
+        )
+        assert body["usage"]["completion_tokens"] <= 8
+
+
+def test_valid_and_invalid_requests_mixed(local: Deployment) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+        "additionalProperties": False,
+    }
+    lines = [
+        chat_line("plain", max_tokens=8, temperature=0),
+        chat_line("too-long", max_tokens=5000),
+        chat_line("bad-type", max_tokens=8, temperature="hot"),
+        chat_line("stream", max_tokens=8, stream=True),
+        chat_line("n-two", max_tokens=6, n=2, seed=7, temperature=0.8),
+        chat_line("logprobs", max_tokens=4, temperature=0, logprobs=True, top_logprobs=2),
+        chat_line(
+            "json",
+            "Which city is the capital of France? Answer in JSON.",
+            max_tokens=40,
+            temperature=0,
+            response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}},
+        ),
+    ]
+    with local.client() as client:
+        batch_id = start_batch(client, jsonl(lines))
+        batch = wait_status(client, batch_id, "completed", timeout=180)
+        by_id = results(client, batch)
+        errors = file_lines(client, batch.error_file_id)
+    assert batch.request_counts is not None
+    assert (batch.request_counts.completed, batch.request_counts.failed) == (4, 3)
+    assert {e["custom_id"] for e in errors} == {"too-long", "bad-type", "stream"}
+    for item in errors:
+        assert item["error"] is None
+        assert item["response"]["status_code"] == 400
+        assert set(item["response"]["body"]["error"]) == {"message", "type", "param", "code"}
+    assert by_id["too-long"]["response"]["body"]["error"]["param"] == "max_tokens"
+    assert len(by_id["n-two"]["response"]["body"]["choices"]) == 2
+    assert by_id["logprobs"]["response"]["body"]["choices"][0]["logprobs"]["content"]
+    content = by_id["json"]["response"]["body"]["choices"][0]["message"]["content"]
+    assert isinstance(json.loads(content)["city"], str)
+
+
+def test_embeddings_batch(local: Deployment) -> None:
+    local.workers["minilm"].wait_ready()
+    texts = [
+        "A cat sits on the mat.",
+        "A kitten rests on a rug.",
+        "Stock markets fell sharply today.",
+    ]
+    lines = [line(f"e-{i}", EMBEDDINGS, {"model": MINILM, "input": t}) for i, t in enumerate(texts)]
+    lines.append(line("e-list", EMBEDDINGS, {"model": MINILM, "input": texts[:2]}))
+    with local.client() as client:
+        batch_id = start_batch(client, jsonl(lines), endpoint=EMBEDDINGS)
+        batch = wait_status(client, batch_id, "completed", timeout=120)
+        by_id = results(client, batch)
+    vectors = [by_id[f"e-{i}"]["response"]["body"]["data"][0]["embedding"] for i in range(3)]
+    assert all(len(v) == 384 for v in vectors)
+
+    def cosine(a: list[float], b: list[float]) -> float:
+        dot = sum(x * y for x, y in zip(a, b, strict=True))
+        return dot / (sum(x * x for x in a) ** 0.5 * sum(y * y for y in b) ** 0.5)
+
+    assert cosine(vectors[0], vectors[1]) > cosine(vectors[0], vectors[2]) + 0.2
+    listed = by_id["e-list"]["response"]["body"]
+    assert listed["object"] == "list" and len(listed["data"]) == 2
+    assert batch.usage is not None and batch.usage.input_tokens > 0
+
+
+def long_lines(prefix: str, quick: int, slow: int, slow_tokens: int = 400) -> list[bytes]:
+    lines = [chat_line(f"{prefix}q{i}", max_tokens=4, temperature=0) for i in range(quick)]
+    lines += [
+        chat_line(
+            f"{prefix}s{i}",
+            f"Tell story number {i}.",
+            max_tokens=slow_tokens,
+            temperature=0,
+            ignore_eos=True,
+        )
+        for i in range(slow)
+    ]
+    return lines
+
+
+def test_cancel_aborts_in_flight_within_two_seconds(local: Deployment) -> None:
+    with local.client() as client:
+        batch_id = start_batch(client, jsonl(long_lines("", 4, 24)))
+        wait_until(
+            client,
+            batch_id,
+            lambda b: b.request_counts is not None and b.request_counts.completed >= 4,
+            timeout=120,
+        )
+        started = time.monotonic()
+        client.batches.cancel(batch_id)
+        batch = wait_status(client, batch_id, "cancelled", timeout=30)
+        elapsed = time.monotonic() - started
+        by_id = results(client, batch)
+    assert elapsed < 3.0, f"cancelled after {elapsed:.1f}s"
+    assert len(by_id) == 28
+    cancelled = [v for v in by_id.values() if v["error"] is not None]
+    assert cancelled and {v["error"]["code"] for v in cancelled} == {"batch_cancelled"}
+    assert all(by_id[f"q{i}"]["error"] is None for i in range(4))
+    assert "cancelled, aborted" in local.workers["chat-1"].tail(20000)
+
+
+def test_expiry_mid_run(local: Deployment) -> None:
+    with local.client() as client:
+        batch_id = start_batch(client, jsonl(long_lines("x", 3, 12)))
+        wait_until(
+            client,
+            batch_id,
+            lambda b: b.request_counts is not None and b.request_counts.completed >= 3,
+            timeout=120,
+        )
+        with session_scope(local.settings) as session:
+            session.execute(
+                update(Batch).where(Batch.id == batch_id).values(expires_at=int(time.time()))
+            )
+        batch = wait_status(client, batch_id, "expired", timeout=30)
+        by_id = results(client, batch)
+    assert batch.expired_at is not None
+    assert all(by_id[f"xq{i}"]["error"] is None for i in range(3))
+    expired = [v for v in by_id.values() if v["error"] is not None]
+    assert expired and {v["error"]["code"] for v in expired} == {"batch_expired"}
+    assert "expired, aborted" in local.workers["chat-1"].tail(20000)
+
+
+def persisted(local: Deployment, batch_id: str) -> dict[int, dict[str, Any]]:
+    """Line number → output line, for every result recorded in the database."""
+    from app.storage import storage_for
+
+    storage = storage_for(str(local.settings.storage_dir))
+    with session_scope(local.settings) as session:
+        keys = session.scalars(
+            select(ResultChunk.storage_key)
+            .join(Shard, Shard.id == ResultChunk.shard_id)
+            .where(Shard.batch_id == batch_id)
+        ).all()
+    found: dict[int, dict[str, Any]] = {}
+    for key in keys:
+        for raw in b"".join(storage.read(key)).splitlines():
+            item = orjson.loads(raw)
+            found.setdefault(item["line"], item["output"])
+    return found
+
+
+def test_sigkill_mid_run_resumes_without_rerunning(local: Deployment, smollm2: Path) -> None:
+    old = local.workers["chat-1"]
+    lines = [
+        chat_line(f"k{i}", f"Describe the number {i}.", max_tokens=8 + 2 * i, temperature=0)
+        for i in range(40)
+    ]
+    with local.client() as client:
+        batch_id = start_batch(client, jsonl(lines))
+        wait_until(
+            client,
+            batch_id,
+            lambda b: b.request_counts is not None and b.request_counts.completed >= 10,
+            timeout=120,
+            interval=0.02,
+        )
+        engine_processes = old.descendants()
+        assert engine_processes, "the worker has no engine processes"
+        os.kill(old.process.pid, signal.SIGKILL)
+        old.process.wait(10)
+        _, alive = psutil.wait_procs(engine_processes, timeout=15)
+        assert not alive, f"orphaned engine processes: {[p.pid for p in alive]}"
+        before = persisted(local, batch_id)
+        assert 10 <= len(before) < 40
+        new = local.start_worker("chat-2", smollm2_args(smollm2))
+        batch = wait_status(client, batch_id, "completed", timeout=240)
+        by_id = results(client, batch)
+    assert len(by_id) == 40 and all(v["error"] is None for v in by_id.values())
+    rerun = set(new.submissions(batch_id)) & set(before)
+    assert not rerun, f"lines run again after their results were persisted: {sorted(rerun)}"
+    assert set(old.submissions(batch_id)) | set(new.submissions(batch_id)) >= set(range(1, 41))
+    for output in before.values():
+        assert by_id[output["custom_id"]] == output
+    local.workers["chat-1"] = new
+
+
+def test_two_workers_share_a_batch_on_postgresql(
+    smollm2: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    with deployment("postgresql", tmp_path_factory.mktemp("postgresql")) as shared:
+        workers = [shared.start_worker(f"pg-{i}", smollm2_args(smollm2)) for i in range(2)]
+        for worker in workers:
+            worker.wait_ready()
+        lines = [
+            chat_line(f"p{i}", f"Say something about {i}.", max_tokens=16, temperature=0)
+            for i in range(96)
+        ]
+        with shared.client() as client:
+            batch_id = start_batch(client, jsonl(lines))
+            batch = wait_status(client, batch_id, "completed", timeout=300)
+            by_id = results(client, batch)
+        assert len(by_id) == 96 and batch.request_counts is not None
+        assert batch.request_counts.completed == 96
+        ran = [set(w.submissions(batch_id)) for w in workers]
+        assert ran[0] and ran[1], "one worker took every shard"
+        assert not ran[0] & ran[1] and ran[0] | ran[1] == set(range(1, 97))

@@ -1,0 +1,149 @@
+"""The in-flight window on its own, with a scripted engine: bounds, grouping, dedup, abort."""
+
+import asyncio
+from typing import Any
+
+from tests.fake_engine import FakeEngine
+from worker.engine import CHAT, EMBEDDINGS, EngineResult
+from worker.scheduler import Job, Scheduler, dedup_key, prefix_key
+
+
+class Collector:
+    def __init__(self) -> None:
+        self.results: list[tuple[Job, EngineResult, bool]] = []
+        self.failures: list[BaseException] = []
+
+    def deliver(self, job: Job, result: EngineResult, copied: bool) -> None:
+        self.results.append((job, result, copied))
+
+    def engine_failed(self, error: BaseException) -> None:
+        self.failures.append(error)
+
+
+def chat(content: str, system: str = "", **extra: Any) -> dict[str, Any]:
+    messages = [{"role": "system", "content": system}] if system else []
+    return {"messages": [*messages, {"role": "user", "content": content}], **extra}
+
+
+def job(sink: Collector, line: int, body: dict[str, Any], batch: str = "b1") -> Job:
+    return Job(sink, batch, CHAT, line, f"c{line}", body)
+
+
+async def drain(scheduler: Scheduler, sink: Collector, n: int) -> None:
+    while len(sink.results) < n:
+        await asyncio.sleep(0.005)
+
+
+def test_window_bounds_requests_in_flight() -> None:
+    async def scenario() -> tuple[int, int]:
+        engine = FakeEngine(delay=0.01)
+        scheduler = Scheduler(engine, window=3, lookahead=2)
+        sink = Collector()
+        for i in range(20):
+            await scheduler.submit(job(sink, i, chat(f"q{i}")))
+            assert scheduler.pending <= 2 and scheduler.in_flight <= 3
+        await drain(scheduler, sink, 20)
+        return engine.peak, len(engine.calls)
+
+    peak, calls = asyncio.run(scenario())
+    assert peak == 3 and calls == 20
+
+
+def test_shared_prefixes_run_together() -> None:
+    async def scenario() -> list[str]:
+        engine = FakeEngine(delay=0.01)
+        scheduler = Scheduler(engine, window=1, lookahead=100)
+        sink = Collector()
+        # Keep the engine busy so the pool fills before anything is picked.
+        await scheduler.submit(job(sink, 0, chat("warm-up", delay=0.05)))
+        for i in range(1, 9):
+            system = "You answer about maths. " * 20 if i % 2 else "You answer about history. " * 20
+            await scheduler.submit(job(sink, i, chat(f"q{i}", system)))
+        await drain(scheduler, sink, 9)
+        return [body["messages"][-1]["content"] for body in engine.bodies()]
+
+    order = asyncio.run(scenario())
+    assert order == ["warm-up", "q1", "q3", "q5", "q7", "q2", "q4", "q6", "q8"]
+
+
+def test_grouping_off_keeps_input_order() -> None:
+    async def scenario() -> list[str]:
+        engine = FakeEngine(delay=0.01)
+        scheduler = Scheduler(engine, window=1, lookahead=100, prefix_grouping=False)
+        sink = Collector()
+        for i in range(6):
+            await scheduler.submit(job(sink, i, chat(f"q{i}", "A" * 300 if i % 2 else "B" * 300)))
+        await drain(scheduler, sink, 6)
+        return [body["messages"][-1]["content"] for body in engine.bodies()]
+
+    assert asyncio.run(scenario()) == [f"q{i}" for i in range(6)]
+
+
+def test_identical_deterministic_requests_run_once() -> None:
+    async def scenario() -> tuple[FakeEngine, Collector]:
+        engine = FakeEngine(delay=0.02)
+        scheduler = Scheduler(engine, window=4)
+        sink = Collector()
+        for i in range(3):
+            await scheduler.submit(job(sink, i, chat("same", temperature=0)))
+        await scheduler.submit(job(sink, 3, chat("same")))  # sampled: runs on its own
+        await scheduler.submit(job(sink, 4, chat("same", temperature=0), batch="b2"))
+        await drain(scheduler, sink, 5)
+        await scheduler.submit(job(sink, 5, chat("same", temperature=0)))  # from the cache
+        return engine, sink
+
+    engine, sink = asyncio.run(scenario())
+    assert len(engine.calls) == 3
+    copied = sorted(j.line for j, _, was_copied in sink.results if was_copied)
+    assert copied == [1, 2, 5]
+
+
+def test_dedup_keys() -> None:
+    assert dedup_key("b", CHAT, chat("x")) is None
+    assert dedup_key("b", CHAT, chat("x", temperature=0.7)) is None
+    assert dedup_key("b", CHAT, chat("x", temperature=0.7, seed=1)) is not None
+    assert dedup_key("b", CHAT, {"temperature": 0, "a": 1, "b": 2}) == dedup_key(
+        "b", CHAT, {"b": 2, "a": 1, "temperature": 0}
+    )
+    assert dedup_key("b", EMBEDDINGS, {"input": "x"}) is not None
+    assert prefix_key(CHAT, chat("one", "S" * 300)) == prefix_key(CHAT, chat("two", "S" * 300))
+    assert prefix_key(EMBEDDINGS, {"input": "x"}) is None
+
+
+def test_abort_drops_waiting_and_aborts_running() -> None:
+    async def scenario() -> tuple[FakeEngine, Collector, Collector, int]:
+        engine = FakeEngine(delay=5)
+        scheduler = Scheduler(engine, window=2, lookahead=10)
+        doomed, other = Collector(), Collector()
+        for i in range(4):
+            await scheduler.submit(job(doomed, i, chat(f"d{i}")))
+        # A follower from another sink waits on one of the doomed sink's waiting jobs.
+        await scheduler.submit(job(doomed, 10, chat("shared", temperature=0, delay=0.01)))
+        await scheduler.submit(job(other, 11, chat("shared", temperature=0, delay=0.01)))
+        await asyncio.sleep(0.05)
+        dropped = await scheduler.abort(doomed)
+        await drain(scheduler, other, 1)
+        return engine, doomed, other, dropped
+
+    engine, doomed, other, dropped = asyncio.run(scenario())
+    assert len(engine.aborted) == 2
+    assert dropped == 5
+    assert doomed.results == []
+    [(survivor, _, copied)] = other.results
+    assert survivor.line == 11 and not copied
+
+
+def test_engine_failure_reaches_every_sink() -> None:
+    class Broken(FakeEngine):
+        async def run(self, endpoint: str, body: dict[str, Any], request_id: str) -> EngineResult:
+            raise RuntimeError("engine died")
+
+    async def scenario() -> Collector:
+        scheduler = Scheduler(Broken(), window=2)
+        sink = Collector()
+        await scheduler.submit(job(sink, 1, chat("x")))
+        await asyncio.sleep(0.05)
+        return sink
+
+    sink = asyncio.run(scenario())
+    assert sink.failures and sink.results == []
