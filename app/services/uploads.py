@@ -1,0 +1,343 @@
+"""Uploads: a large file sent as parts, then assembled into one File.
+
+Each part is its own storage object, `uploads/{upload_id}/{part_id}`, so parts can
+arrive in parallel. `complete` streams the chosen parts, in order, into a new File
+object and only then registers it; an upload is `pending` until completed,
+cancelled or past its one-hour life (then it behaves as `expired`).
+"""
+
+import base64
+import binascii
+import hashlib
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.config import Settings
+from app.db.models import File, Upload, UploadPart
+from app.errors import OpenAIError, not_found
+from app.ids import new_file_id, new_part_id, new_upload_id
+from app.schemas.uploads import UploadComplete, UploadCreate, UploadObject, UploadPartObject
+from app.services.files import (
+    LimitedWriter,
+    check_batch_filename,
+    check_filename,
+    check_purpose,
+    create_file_from_storage,
+    default_expires_at,
+    file_storage_key,
+    to_file_object,
+    too_large,
+)
+from app.storage import Storage, StoredObject
+
+SWEEP_LIMIT = 1000
+_MIME_TYPE = re.compile(r"^[\w.+-]+/[\w.+-]+$")
+
+
+def _now() -> int:
+    return int(time.time())
+
+
+def part_storage_prefix(upload_id: str) -> str:
+    return f"uploads/{upload_id}/"
+
+
+def _delete_parts(storage: Storage, upload_id: str) -> None:
+    # Listing the prefix also catches a part whose row was never written (crash).
+    for key in list(storage.list(part_storage_prefix(upload_id))):
+        storage.delete(key)
+
+
+def status_of(row: Upload, now: int) -> str:
+    """The status clients see: a pending upload past its expiry is `expired`."""
+    if row.status == "pending" and now >= row.expires_at:
+        return "expired"
+    return row.status
+
+
+def to_upload_object(row: Upload, file: File | None = None, now: int | None = None) -> UploadObject:
+    return UploadObject(
+        id=row.id,
+        bytes=row.bytes,
+        created_at=row.created_at,
+        expires_at=row.expires_at,
+        filename=row.filename,
+        purpose=row.purpose,
+        status=status_of(row, _now() if now is None else now),  # type: ignore[arg-type]
+        file=None if file is None else to_file_object(file),
+    )
+
+
+def check_mime_type(mime_type: str, purpose: str) -> None:
+    """Any well-formed type; batch input must be declared as JSON (Lines) or text."""
+    essence = mime_type.split(";", 1)[0].strip().lower()
+    if not _MIME_TYPE.match(essence):
+        raise OpenAIError(
+            f"Invalid 'mime_type': {mime_type!r} is not a MIME type.", param="mime_type"
+        )
+    subtype = essence.split("/", 1)[1]
+    if purpose == "batch" and not (essence.startswith("text/") or "json" in subtype):
+        raise OpenAIError(
+            f"Invalid 'mime_type' for purpose 'batch': {mime_type!r}. Use application/jsonl "
+            "(JSON and text types are accepted).",
+            param="mime_type",
+        )
+
+
+def create_upload(
+    session: Session, settings: Settings, project_id: str, body: UploadCreate
+) -> UploadObject:
+    check_purpose(body.purpose)
+    filename = check_filename(body.filename, param="filename")
+    limit = settings.max_upload_bytes
+    if body.purpose == "batch":
+        check_batch_filename(filename, param="filename")
+        limit = settings.max_batch_file_bytes
+    if body.bytes > limit:
+        raise OpenAIError(
+            f"Invalid 'bytes': an upload with purpose '{body.purpose}' may be at most {limit} "
+            f"bytes, but got {body.bytes}.",
+            param="bytes",
+            code="integer_above_max_value",
+        )
+    check_mime_type(body.mime_type, body.purpose)
+    now = _now()
+    row = Upload(
+        id=new_upload_id(),
+        project_id=project_id,
+        filename=filename,
+        purpose=body.purpose,
+        bytes=body.bytes,
+        mime_type=body.mime_type,
+        status="pending",
+        created_at=now,
+        expires_at=now + settings.upload_ttl_seconds,
+        file_expires_after=body.expires_after.seconds if body.expires_after else None,
+    )
+    session.add(row)
+    session.flush()
+    return to_upload_object(row, now=now)
+
+
+def get_upload(session: Session, project_id: str, upload_id: str, *, lock: bool = False) -> Upload:
+    """The project's Upload, or OpenAI's 404; `lock` serialises state changes on PostgreSQL."""
+    stmt = select(Upload).where(Upload.id == upload_id, Upload.project_id == project_id)
+    row = session.scalar(stmt.with_for_update() if lock else stmt)
+    if row is None:
+        raise not_found("Upload", upload_id, param="upload_id")
+    return row
+
+
+def require_pending(row: Upload, action: str) -> None:
+    status = status_of(row, _now())
+    if status != "pending":
+        raise OpenAIError(
+            f"Cannot {action} upload {row.id}: its status is '{status}' (only pending uploads "
+            "accept this).",
+            param="upload_id",
+        )
+
+
+# --- parts -------------------------------------------------------------------------------
+
+
+@dataclass
+class PartIntake:
+    """The bytes of one part on their way into storage."""
+
+    upload_id: str
+    part_id: str
+    sink: LimitedWriter
+
+
+def start_part(
+    session: Session, settings: Settings, storage: Storage, project_id: str, upload_id: str
+) -> PartIntake:
+    """Check the upload takes parts (before any byte is received) and open the part's writer."""
+    require_pending(get_upload(session, project_id, upload_id), "add a part to")
+    part_id = new_part_id()
+    writer = storage.writer(part_storage_prefix(upload_id) + part_id)
+    return PartIntake(
+        upload_id,
+        part_id,
+        LimitedWriter(
+            writer,
+            settings.max_upload_part_bytes,
+            too_large("An upload part", settings.max_upload_part_bytes, "data", "part_too_large"),
+        ),
+    )
+
+
+def add_part(
+    session: Session, storage: Storage, project_id: str, intake: PartIntake
+) -> UploadPartObject:
+    """Commit a received part and record it, if the upload is still pending by then.
+
+    Runs its own transaction (call it with none open).
+    """
+    try:
+        stored = intake.sink.commit()
+    except BaseException:
+        intake.sink.abort()
+        raise
+    try:
+        with session.begin():
+            upload = get_upload(session, project_id, intake.upload_id, lock=True)
+            require_pending(upload, "add a part to")
+            part = UploadPart(
+                id=intake.part_id,
+                upload_id=upload.id,
+                bytes=stored.bytes,
+                storage_key=stored.key,
+                created_at=_now(),
+            )
+            session.add(part)
+    except BaseException:
+        storage.delete(stored.key)
+        raise
+    return UploadPartObject(id=part.id, created_at=part.created_at, upload_id=part.upload_id)
+
+
+# --- complete and cancel -----------------------------------------------------------------
+
+
+def _ordered_parts(session: Session, upload: Upload, part_ids: Sequence[str]) -> list[UploadPart]:
+    seen: set[str] = set()
+    for part_id in part_ids:
+        if part_id in seen:
+            raise OpenAIError(f"Part {part_id} is listed more than once.", param="part_ids")
+        seen.add(part_id)
+    rows = session.scalars(
+        select(UploadPart).where(UploadPart.upload_id == upload.id, UploadPart.id.in_(part_ids))
+    ).all()
+    by_id = {row.id: row for row in rows}
+    for part_id in part_ids:
+        if part_id not in by_id:
+            raise OpenAIError(f"No such part in upload {upload.id}: {part_id}", param="part_ids")
+    parts = [by_id[part_id] for part_id in part_ids]
+    total = sum(p.bytes for p in parts)
+    if total != upload.bytes:
+        raise OpenAIError(
+            f"The parts add up to {total} bytes, but the upload was created with "
+            f"bytes={upload.bytes}.",
+            param="part_ids",
+        )
+    return parts
+
+
+def _md5_matches(expected: str, digest: bytes) -> bool:
+    """Hex (as OpenAI documents) or base64 (as in Content-MD5)."""
+    wanted = expected.strip()
+    if wanted.lower() == digest.hex():
+        return True
+    try:
+        return base64.b64decode(wanted, validate=True) == digest
+    except (binascii.Error, ValueError):
+        return False
+
+
+def _concatenate(
+    storage: Storage, keys: Sequence[str], file_id: str, md5: str | None
+) -> StoredObject:
+    writer = storage.writer(file_storage_key(file_id))
+    digest = hashlib.md5(usedforsecurity=False)
+    try:
+        for key in keys:
+            for chunk in storage.read(key):
+                writer.write(chunk)
+                digest.update(chunk)
+        if md5 is not None and not _md5_matches(md5, digest.digest()):
+            raise OpenAIError(
+                f"The md5 checksum does not match the uploaded content "
+                f"(got {md5}, content has {digest.hexdigest()}).",
+                param="md5",
+            )
+    except FileNotFoundError:
+        writer.abort()
+        raise OpenAIError(
+            "A part of this upload disappeared while completing it (was it cancelled?)."
+        ) from None
+    except BaseException:
+        writer.abort()
+        raise
+    return writer.commit()
+
+
+def complete_upload(
+    session: Session,
+    settings: Settings,
+    storage: Storage,
+    project_id: str,
+    upload_id: str,
+    body: UploadComplete,
+) -> UploadObject:
+    """Assemble the parts into a new File and mark the upload completed.
+
+    Runs its own transactions (call it with none open): the parts are copied with no
+    transaction held, and the upload is re-checked before the File is registered.
+    """
+    with session.begin():
+        upload = get_upload(session, project_id, upload_id)
+        require_pending(upload, "complete")
+        keys = [p.storage_key for p in _ordered_parts(session, upload, body.part_ids)]
+    file_id = new_file_id()
+    stored = _concatenate(storage, keys, file_id, body.md5)
+    try:
+        with session.begin():
+            upload = get_upload(session, project_id, upload_id, lock=True)
+            if upload.status != "pending":
+                require_pending(upload, "complete")
+            created_at = _now()
+            file = create_file_from_storage(
+                session,
+                project_id=project_id,
+                filename=upload.filename,
+                purpose=upload.purpose,
+                stored=stored,
+                expires_at=default_expires_at(
+                    settings, upload.purpose, created_at, upload.file_expires_after
+                ),
+                file_id=file_id,
+                created_at=created_at,
+            )
+            upload.status = "completed"
+            upload.file_id = file.id
+    except BaseException:
+        storage.delete(stored.key)
+        raise
+    _delete_parts(storage, upload_id)
+    return to_upload_object(upload, file)
+
+
+def cancel_upload(
+    session: Session, storage: Storage, project_id: str, upload_id: str
+) -> UploadObject:
+    """Cancel a pending upload and drop its parts. Runs its own transaction."""
+    with session.begin():
+        upload = get_upload(session, project_id, upload_id, lock=True)
+        require_pending(upload, "cancel")
+        upload.status = "cancelled"
+    _delete_parts(storage, upload_id)
+    return to_upload_object(upload)
+
+
+def expire_uploads(session: Session, storage: Storage, now: int) -> int:
+    """Housekeeping: pending uploads past `expires_at` become `expired`; their parts go.
+
+    Runs in the caller's transaction; returns how many uploads expired.
+    """
+    rows = session.scalars(
+        select(Upload)
+        .where(Upload.status == "pending", Upload.expires_at <= now)
+        .order_by(Upload.seq)
+        .limit(SWEEP_LIMIT)
+    ).all()
+    for row in rows:
+        row.status = "expired"
+        _delete_parts(storage, row.id)
+    return len(rows)
