@@ -1,6 +1,7 @@
 """What the CLI prints: tables for people, JSON for scripts."""
 
 import json
+import sys
 import time
 from collections.abc import Iterable, Sequence
 from datetime import datetime
@@ -47,6 +48,6 @@ def print_table(columns: Sequence[str], rows: Iterable[Sequence[Any]], empty: st
     for row in rows:
         # Cells are user data (filenames, metadata): Text is never parsed as rich markup.
         table.add_row(*(Text(str(cell)) for cell in row))
-    for column in table.columns:
-        column.overflow = "fold"
-    console.print(table, markup=False)
+    table.columns[0].no_wrap = True  # ids are copied from here: never fold them
+    # A terminal folds long cells to fit; a pipe or file gets whole lines.
+    Console(highlight=False, width=None if sys.stdout.isatty() else 100_000).print(table)

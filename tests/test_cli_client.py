@@ -1,0 +1,190 @@
+"""`overnight batches|files|keys` against a real server, as a person would run them."""
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import orjson
+import pytest
+
+from app.cli import main
+from app.config import Settings
+from tests.engine_fixtures import chat_line, jsonl, start_batch, wait_status
+from tests.fake_engine import FakeEngine, ThreadedWorker, fast
+from tests.harness import RunningServer, running_server
+
+ADMIN_KEY = "sk-admin-cli-test"
+
+
+@pytest.fixture
+def server(settings: Settings) -> Iterator[RunningServer]:
+    with running_server(fast(settings, admin_key=ADMIN_KEY, shard_lines=5)) as running:
+        yield running
+
+
+@pytest.fixture
+def sdk(server: RunningServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.base_url, api_key=ADMIN_KEY, max_retries=0)
+
+
+def run(server: RunningServer, *args: str, key: str = ADMIN_KEY) -> list[str]:
+    return [*args, "--base-url", server.base_url, "--api-key", key]
+
+
+def cli(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The real command in its own process: exit codes and stderr as a person sees them."""
+    return subprocess.run(
+        [sys.executable, "-m", "app.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+        cwd=cwd,
+    )
+
+
+def test_submit_wait_downloads_results(server: RunningServer, tmp_path: Path) -> None:
+    lines = [chat_line(f"q-{i}", delay=0.05) for i in range(12)]
+    lines.append(
+        orjson.dumps(
+            {
+                "custom_id": "bad",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {"model": "SmolLM2-135M-Instruct"},
+            }
+        )
+    )
+    source = tmp_path / "work.jsonl"
+    source.write_bytes(jsonl(lines))
+    with ThreadedWorker(server.settings, FakeEngine()):
+        result = cli(
+            *run(
+                server, "batches", "submit", str(source), "--wait", "--metadata", "team=[bold]x[/]"
+            ),
+            cwd=tmp_path,
+        )
+    assert result.returncode == 0, result.stderr
+    batch_id = result.stdout.strip().splitlines()[0]
+    assert batch_id.startswith("batch_")
+    assert "Traceback" not in result.stderr
+    assert "results saved to work.output.jsonl" in result.stderr
+    assert "[bold]x[/]" in result.stderr + result.stdout  # user text printed verbatim
+    outputs = [orjson.loads(x) for x in (tmp_path / "work.output.jsonl").read_bytes().splitlines()]
+    errors = [orjson.loads(x) for x in (tmp_path / "work.errors.jsonl").read_bytes().splitlines()]
+    assert sorted(o["custom_id"] for o in outputs) == sorted(f"q-{i}" for i in range(12))
+    assert [e["custom_id"] for e in errors] == ["bad"]
+    assert not list(tmp_path.glob(".*.partial"))
+
+
+def test_list_show_cancel_download_and_files(
+    server: RunningServer, sdk: openai.OpenAI, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    batch_id = start_batch(sdk, jsonl([chat_line(f"c-{i}") for i in range(7)]), name="c.jsonl")
+    wait_status(sdk, batch_id, "in_progress")
+
+    assert main(run(server, "batches", "list", "--json")) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [(b["id"], b["status"]) for b in listed] == [(batch_id, "in_progress")]
+    assert main(run(server, "batches", "list")) == 0
+    assert batch_id in capsys.readouterr().out
+    assert main(run(server, "batches", "show", batch_id)) == 0
+    shown = capsys.readouterr().out
+    assert "in_progress" in shown and "0 completed, 0 failed, 7 total" in shown
+
+    # Not finished: nothing to download yet.
+    assert main(run(server, "batches", "download", batch_id)) == 1
+    assert "in_progress" in capsys.readouterr().err
+
+    assert main(run(server, "batches", "cancel", batch_id)) == 0
+    assert capsys.readouterr().out.strip() in (f"{batch_id} cancelling", f"{batch_id} cancelled")
+    wait_status(sdk, batch_id, "cancelled")
+    out, err = tmp_path / "o.jsonl", tmp_path / "e.jsonl"
+    assert (
+        main(
+            run(
+                server, "batches", "download", batch_id, "-o", str(out), "--errors-output", str(err)
+            )
+        )
+        == 0
+    )
+    assert not out.exists()  # nothing succeeded
+    cancelled = [orjson.loads(x) for x in err.read_bytes().splitlines()]
+    assert len(cancelled) == 7 and {c["error"]["code"] for c in cancelled} == {"batch_cancelled"}
+
+    assert main(run(server, "files", "list", "--json", "--purpose", "batch_output")) == 0
+    files = json.loads(capsys.readouterr().out)
+    assert [f["filename"] for f in files] == [f"{batch_id}_error.jsonl"]
+    assert main(run(server, "files", "rm", files[0]["id"])) == 0
+    assert capsys.readouterr().out.strip() == f"{files[0]['id']} deleted"
+    assert main(run(server, "files", "list", "--purpose", "batch_output")) == 0
+    assert "No files." in capsys.readouterr().err
+
+
+def test_errors_are_one_line_and_non_zero(server: RunningServer, tmp_path: Path) -> None:
+    wrong = cli(*run(server, "batches", "list", key="sk-wrong"))
+    assert wrong.returncode == 1
+    assert wrong.stderr.startswith("overnight: error: Incorrect API key provided")
+    assert "(HTTP 401)" in wrong.stderr and "Traceback" not in wrong.stderr
+
+    missing = cli(*run(server, "batches", "show", "batch_nope"))
+    assert missing.returncode == 1
+    assert missing.stderr.strip() == "overnight: error: No such Batch object: batch_nope (HTTP 404)"
+
+    no_file = cli(*run(server, "batches", "submit", str(tmp_path / "nope.jsonl")))
+    assert no_file.returncode == 1 and "no such file" in no_file.stderr
+
+    bad = tmp_path / "bad.txt"
+    bad.write_text('{"url": "/v1/chat/completions"}\n')
+    refused = cli(*run(server, "batches", "submit", str(bad)))
+    assert refused.returncode == 1
+    assert "Invalid file format for Batch API. Must be .jsonl" in refused.stderr
+
+    closed = cli("files", "list", "--base-url", "http://127.0.0.1:9/v1", "--api-key", "k")
+    assert closed.returncode == 1
+    assert (
+        "cannot reach http://127.0.0.1:9/v1" in closed.stderr and "Traceback" not in closed.stderr
+    )
+
+
+def test_keys_over_http(server: RunningServer, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(run(server, "keys", "create", "--project", "ml", "--name", "nightly")) == 0
+    captured = capsys.readouterr()
+    secret = captured.out.strip()
+    assert secret.startswith("sk-ovn-") and "'ml'" in captured.err
+    assert main(run(server, "keys", "list", "--json")) == 0
+    keys = json.loads(capsys.readouterr().out)
+    assert [(k["project_name"], k["name"]) for k in keys] == [("ml", "nightly")]
+    # A member key may not manage keys.
+    assert main(run(server, "keys", "list", key=secret)) == 1
+    assert "admin key" in capsys.readouterr().err
+    assert main(run(server, "keys", "revoke", keys[0]["id"])) == 0
+    assert main(run(server, "keys", "list")) == 0
+    assert "No API keys" in capsys.readouterr().err
+
+
+def test_keys_on_the_server_machine(settings: Settings, tmp_path: Path) -> None:
+    env = {
+        "OVERNIGHT_DATABASE_URL": settings.sqlalchemy_url,
+        "OVERNIGHT_DATA_DIR": str(settings.data_dir),
+        "OPENAI_BASE_URL": "",
+    }
+    made = cli("keys", "create", "--project", "local", "--role", "admin", env=env, cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    secret = made.stdout.strip()
+    listed = cli("keys", "list", "--json", env=env, cwd=tmp_path)
+    keys = json.loads(listed.stdout)
+    assert [(k["project_name"], k["role"]) for k in keys] == [("local", "admin")]
+    with running_server(settings) as server:
+        assert openai.OpenAI(base_url=server.base_url, api_key=secret).files.list().data == []
+    revoked = cli("keys", "revoke", keys[0]["id"], env=env, cwd=tmp_path)
+    assert revoked.returncode == 0 and revoked.stdout.strip() == f"{keys[0]['id']} revoked"
+    unknown = cli("keys", "revoke", "key_nope", env=env, cwd=tmp_path)
+    assert unknown.returncode == 1
+    assert unknown.stderr.strip() == "overnight: error: No such API key object: key_nope"
