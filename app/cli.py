@@ -6,6 +6,7 @@ import os
 import socket
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from app.client import register as register_client_commands
 from app.config import Settings, get_settings
@@ -20,6 +21,9 @@ def _settings(args: argparse.Namespace) -> Settings:
         for key in ("host", "port", "data_dir")
         if (value := getattr(args, key, None)) is not None
     }
+    # model_copy does not validate: the flag's string must become the field's Path.
+    if "data_dir" in overrides:
+        overrides["data_dir"] = Path(overrides["data_dir"])
     return get_settings().model_copy(update=overrides)
 
 

@@ -96,8 +96,9 @@ class Supervisor:
             # Whatever the child left behind (an engine core) goes with it.
             child.signal_group(signal.SIGKILL)
             ran = now - child.started_at
-            child.failures = 0 if ran >= HEALTHY_AFTER_SECONDS else child.failures + 1
-            pause = self.backoff[min(child.failures, len(self.backoff) - 1)]
+            # Failures in a row: a child that had been running fine starts the count over.
+            child.failures = 1 if ran >= HEALTHY_AFTER_SECONDS else child.failures + 1
+            pause = self.backoff[min(child.failures, len(self.backoff)) - 1]
             child.restart_at = now + pause
             log.warning(
                 "%s exited with code %s after %.0f s; restarting in %.0f s",

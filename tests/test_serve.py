@@ -1,0 +1,137 @@
+"""`overnight serve`: children in their own process groups, restarted when they die, stopped.
+
+The real engine under `overnight serve` is exercised by tests/test_readme.py; here the
+supervision itself runs with small stand-in children, and `serve --no-workers` end to end.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import psutil
+
+from app.supervisor import Child, Supervisor
+from tests.harness import free_port
+
+# A child that starts a grandchild (as a worker starts vLLM's engine core) and records both.
+PARENT = textwrap.dedent(
+    """
+    import os, subprocess, sys, time
+    grandchild = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    with open(sys.argv[1], "a") as f:
+        f.write(f"{os.getpid()} {grandchild.pid}\\n")
+    time.sleep(600)
+    """
+)
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 30, what: str = "it") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def recorded(path: Path) -> list[tuple[int, int]]:
+    if not path.exists():
+        return []
+    pairs = [line.split() for line in path.read_text().splitlines()]
+    return [(int(a), int(b)) for a, b in pairs]
+
+
+def test_a_dead_child_is_restarted_and_its_group_cleared(tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    child = Child("worker", [sys.executable, "-c", PARENT, str(pids)])
+    supervisor = Supervisor([child], backoff=(0.1,), grace_seconds=5)
+    thread = threading.Thread(target=supervisor.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: len(recorded(pids)) == 1, what="the first child")
+        first, first_grandchild = recorded(pids)[0]
+        assert os.getpgid(first) == first and os.getpgid(first_grandchild) == first
+        assert os.getpgid(first) != os.getpgid(0)  # not in the supervisor's group
+
+        os.kill(first, signal.SIGKILL)  # the worker dies; its engine child is left behind
+        wait_for(lambda: len(recorded(pids)) == 2, what="the restart")
+        second, second_grandchild = recorded(pids)[1]
+        assert second != first and child.restarts == 1
+        wait_for(lambda: not alive(first_grandchild), what="the orphan to be killed")
+        assert alive(second) and alive(second_grandchild)
+    finally:
+        supervisor.stopping.set()
+        thread.join(30)
+    assert not thread.is_alive()
+    assert not alive(second)
+    wait_for(lambda: not alive(second_grandchild), timeout=5, what="the group to be gone")
+
+
+def test_backoff_grows_for_a_child_that_keeps_failing(tmp_path: Path) -> None:
+    starts = tmp_path / "starts"
+    child = Child("api", [sys.executable, "-c", f"open({str(starts)!r}, 'a').write('x')"])
+    supervisor = Supervisor([child], backoff=(0.05, 0.5, 60), grace_seconds=1)
+    thread = threading.Thread(target=supervisor.run, daemon=True)
+    thread.start()
+    try:
+        time.sleep(2.5)
+    finally:
+        supervisor.stopping.set()
+        thread.join(10)
+    # Starts at 0, then after 0.05 s, then after 0.5 s; the next pause is a minute.
+    assert starts.read_text() == "xxx"
+    assert child.failures == 3
+
+
+def test_serve_without_workers_prints_the_way_in_and_stops_on_ctrl_c(tmp_path: Path) -> None:
+    port = free_port()
+    env = {
+        **os.environ,
+        "OVERNIGHT_DATA_DIR": str(tmp_path / "data"),
+        "OVERNIGHT_DATABASE_URL": "",
+        "OVERNIGHT_LOG_FORMAT": "json",
+    }
+    env.pop("OVERNIGHT_ADMIN_KEY", None)
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--no-workers"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        banner: list[str] = []
+        assert serve.stdout is not None
+        for line in serve.stdout:
+            banner.append(line)
+            if "Press Ctrl-C" in line:
+                break
+        text = "".join(banner)
+        url = f"http://127.0.0.1:{port}"
+        assert f"API        {url}/v1" in text
+        assert f"Dashboard  {url}/dashboard" in text
+        assert f'OpenAI(base_url="{url}/v1"' in text
+        assert httpx.get(f"{url}/readyz").status_code == 200
+        assert httpx.get(f"{url}/dashboard").status_code == 200
+        api = [p for p in psutil.Process(serve.pid).children() if "api" in p.cmdline()]
+        assert len(api) == 1
+        serve.send_signal(signal.SIGINT)
+        assert serve.wait(30) == 0
+        assert not alive(api[0].pid)
+        assert (tmp_path / "data" / "overnight.db").exists()
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+            serve.wait()
