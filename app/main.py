@@ -18,12 +18,13 @@ from app.errors import install_error_handlers
 from app.ids import new_request_id
 from app.logging import AccessLogMiddleware
 from app.metrics import install_metrics
+from app.services.housekeeping import housekeeping_loop
 
 log = logging.getLogger("overnight.api")
 
 # Long-running loops the API process runs beside the routes (housekeeping, validation).
 BackgroundLoop = Callable[[Settings, asyncio.Event], Coroutine[Any, Any, None]]
-BACKGROUND_LOOPS: list[BackgroundLoop] = []
+BACKGROUND_LOOPS: list[BackgroundLoop] = [housekeeping_loop]
 
 
 class RequestIdMiddleware:

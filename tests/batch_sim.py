@@ -68,6 +68,15 @@ def store_input_file(
     return file_id
 
 
+def load_batch(settings: Settings, batch_id: str) -> Batch:
+    """The batch row as stored now, detached from its session."""
+    with session_scope(settings) as session:
+        batch = session.scalar(select(Batch).where(Batch.id == batch_id))
+        assert batch is not None
+        session.expunge(batch)
+        return batch
+
+
 def usage_of(custom_id: str) -> dict[str, Any]:
     n = sum(custom_id.encode()) % 17 + 3
     return {

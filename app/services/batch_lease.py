@@ -74,3 +74,20 @@ def release(settings: Settings, lease: Lease) -> None:
 def _rowcount(result: object) -> int:
     count: int = getattr(result, "rowcount", 0)
     return count
+
+
+class Heartbeat:
+    """Renews a lease while a long step runs, at most every third of `lease_seconds`."""
+
+    def __init__(self, settings: Settings, lease: Lease, *statuses: str) -> None:
+        self.settings = settings
+        self.lease = lease
+        self.statuses = statuses
+        self._next = time.monotonic() + settings.lease_seconds / 3
+
+    def beat(self) -> bool:
+        """False once the lease is lost (or the batch left `statuses`): stop and write nothing."""
+        if time.monotonic() < self._next:
+            return True
+        self._next = time.monotonic() + self.settings.lease_seconds / 3
+        return renew(self.settings, self.lease, *self.statuses)

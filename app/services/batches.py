@@ -34,9 +34,9 @@ DEFAULT_LIST_LIMIT = 20
 MAX_LIST_LIMIT = 100
 
 
-@dataclass(frozen=True)
+@dataclass
 class Progress:
-    """Request counts and token sums, as persisted."""
+    """Request counts and token sums of a batch."""
 
     completed: int = 0
     failed: int = 0

@@ -21,15 +21,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from sqlalchemy import and_, delete, exists, func, or_, select, update
+from sqlalchemy import ColumnElement, and_, delete, exists, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from app.config import Settings
-from app.db.models import Batch, File, ResultChunk, Shard
+from app.db.models import TERMINAL_BATCH_STATUSES, Batch, File, ResultChunk, Shard
 from app.db.session import session_scope
 from app.ids import new_batch_request_id, new_file_id
 from app.services import batch_lease
-from app.services.batch_lease import Lease
+from app.services.batch_lease import Heartbeat, Lease
+from app.services.batches import Progress
 from app.services.files import create_file_from_storage, file_storage_key
 from app.services.jsonl import iter_lines
 from app.storage import Storage, StoredObject, Writer, storage_for
@@ -39,6 +40,7 @@ log = logging.getLogger("overnight.finalizer")
 DEFAULT_OUTPUT_EXPIRES_AFTER = 30 * 24 * 3600
 _CANDIDATES_PER_PASS = 50
 _HEARTBEAT_CHECK_LINES = 256
+_CHUNKS_PER_DELETE = 5000
 
 # Why a request has no result, by finalisation path.
 _UNRUN = {
@@ -51,25 +53,15 @@ _UNRUN = {
 }
 
 
-@dataclass
-class Tally:
-    """Counts and usage of what was written, per file."""
-
-    completed: int = 0
-    failed: int = 0
-    input_tokens: int = 0
-    cached_tokens: int = 0
-    output_tokens: int = 0
-    reasoning_tokens: int = 0
-
-    def add_usage(self, body: Any) -> None:
-        usage = body.get("usage") if isinstance(body, dict) else None
-        if not isinstance(usage, dict):
-            return
-        self.input_tokens += _int(usage.get("prompt_tokens"))
-        self.output_tokens += _int(usage.get("completion_tokens"))
-        self.cached_tokens += _int(_get(usage, "prompt_tokens_details", "cached_tokens"))
-        self.reasoning_tokens += _int(_get(usage, "completion_tokens_details", "reasoning_tokens"))
+def _add_usage(tally: Progress, body: Any) -> None:
+    """Adds a success body's `usage` (chat, completions or embeddings shape) to `tally`."""
+    usage = body.get("usage") if isinstance(body, dict) else None
+    if not isinstance(usage, dict):
+        return
+    tally.input_tokens += _int(usage.get("prompt_tokens"))
+    tally.output_tokens += _int(usage.get("completion_tokens"))
+    tally.cached_tokens += _int(_get(usage, "prompt_tokens_details", "cached_tokens"))
+    tally.reasoning_tokens += _int(_get(usage, "completion_tokens_details", "reasoning_tokens"))
 
 
 def _get(mapping: dict[str, Any], outer: str, inner: str) -> Any:
@@ -212,18 +204,18 @@ class _LazyFile:
 def finalize(settings: Settings, storage: Storage, job: Job) -> bool:
     """Writes the files and records them; False if the lease was lost or results changed."""
     output, errors = _LazyFile(storage, "output"), _LazyFile(storage, "error")
-    ok, bad = Tally(), Tally()
+    tally = Progress()
     try:
-        for line in _merged_lines(storage, job, _Heartbeat(settings, job.lease)):
+        for line in _merged_lines(storage, job, Heartbeat(settings, job.lease)):
             response = line.get("response")
             status = response.get("status_code") if isinstance(response, dict) else None
             if isinstance(status, int) and 200 <= status < 300:
                 output.write(orjson.dumps(line) + b"\n")
-                ok.completed += 1
-                ok.add_usage(response.get("body") if isinstance(response, dict) else None)
+                tally.completed += 1
+                _add_usage(tally, response.get("body") if isinstance(response, dict) else None)
             else:
                 errors.write(orjson.dumps(line) + b"\n")
-                bad.failed += 1
+                tally.failed += 1
         written = [(side, side.commit()) for side in (output, errors)]
     except _LeaseLost:
         output.abort()
@@ -233,7 +225,7 @@ def finalize(settings: Settings, storage: Storage, job: Job) -> bool:
         output.abort()
         errors.abort()
         raise
-    if not _record(settings, job, written, ok, bad):
+    if not _record(settings, job, written, tally):
         for _side, obj in written:
             if obj is not None:
                 storage.delete(obj.key)
@@ -247,20 +239,7 @@ class _LeaseLost(Exception):
     pass
 
 
-class _Heartbeat:
-    def __init__(self, settings: Settings, lease: Lease) -> None:
-        self.settings = settings
-        self.lease = lease
-        self._next = time.monotonic() + settings.lease_seconds / 3
-
-    def beat(self) -> None:
-        if time.monotonic() >= self._next:
-            self._next = time.monotonic() + self.settings.lease_seconds / 3
-            if not batch_lease.renew(self.settings, self.lease):
-                raise _LeaseLost(self.lease.batch_id)
-
-
-def _merged_lines(storage: Storage, job: Job, heartbeat: _Heartbeat) -> Iterator[dict[str, Any]]:
+def _merged_lines(storage: Storage, job: Job, heartbeat: Heartbeat) -> Iterator[dict[str, Any]]:
     """Every request's output line, in input order; a made-up error line for unrun requests."""
     code, message = _UNRUN[job.path]
     count = 0
@@ -270,8 +249,8 @@ def _merged_lines(storage: Storage, job: Job, heartbeat: _Heartbeat) -> Iterator
             storage, job.input_key, shard.byte_start, shard.byte_end, shard.first_line
         ):
             count += 1
-            if count % _HEARTBEAT_CHECK_LINES == 0:
-                heartbeat.beat()
+            if count % _HEARTBEAT_CHECK_LINES == 0 and not heartbeat.beat():
+                raise _LeaseLost(job.lease.batch_id)
             result = results.pop(line_no, None)
             yield result if result is not None else _unrun_line(raw, code, message)
 
@@ -299,8 +278,7 @@ def _record(
     settings: Settings,
     job: Job,
     written: list[tuple[_LazyFile, StoredObject | None]],
-    ok: Tally,
-    bad: Tally,
+    tally: Progress,
 ) -> bool:
     """The one transaction that ends the batch, fenced by the batch lease."""
     batch_id = job.lease.batch_id
@@ -343,13 +321,11 @@ def _record(
             for side, obj in written
             if obj is not None
         }
-        _finish(batch, job.path, files, ok, bad, now)
+        _finish(batch, job.path, files, tally, now)
     return True
 
 
-def _finish(
-    batch: Batch, path: str, files: dict[str, File], ok: Tally, bad: Tally, now: int
-) -> None:
+def _finish(batch: Batch, path: str, files: dict[str, File], tally: Progress, now: int) -> None:
     if path == "expire":
         batch.status, batch.expired_at = "expired", now
     elif batch.status == "cancelling":
@@ -358,19 +334,33 @@ def _finish(
         batch.status, batch.completed_at = "completed", now
     batch.output_file_id = files["output"].id if "output" in files else None
     batch.error_file_id = files["error"].id if "error" in files else None
-    batch.completed, batch.failed = ok.completed, bad.failed
-    batch.input_tokens, batch.cached_tokens = ok.input_tokens, ok.cached_tokens
-    batch.output_tokens, batch.reasoning_tokens = ok.output_tokens, ok.reasoning_tokens
+    batch.completed, batch.failed = tally.completed, tally.failed
+    batch.input_tokens, batch.cached_tokens = tally.input_tokens, tally.cached_tokens
+    batch.output_tokens, batch.reasoning_tokens = tally.output_tokens, tally.reasoning_tokens
     batch.lease_owner, batch.heartbeat_at = None, None
 
 
 def delete_chunks(settings: Settings, storage: Storage, batch_id: str) -> int:
     """Removes a finished batch's result chunks: objects first, then their rows."""
+    total = 0
+    while deleted := _delete_chunks(settings, storage, Shard.batch_id == batch_id):
+        total += deleted
+    return total
+
+
+def delete_leftover_chunks(settings: Settings, storage: Storage) -> int:
+    """Removes chunks of terminal batches that a finaliser died before deleting."""
+    terminal = exists().where(Batch.id == Shard.batch_id, Batch.status.in_(TERMINAL_BATCH_STATUSES))
+    return _delete_chunks(settings, storage, terminal)
+
+
+def _delete_chunks(settings: Settings, storage: Storage, which: ColumnElement[bool]) -> int:
     with session_scope(settings) as session:
         rows = session.execute(
             select(ResultChunk.id, ResultChunk.storage_key)
             .join(Shard, Shard.id == ResultChunk.shard_id)
-            .where(Shard.batch_id == batch_id)
+            .where(which)
+            .limit(_CHUNKS_PER_DELETE)
         ).all()
     for _id, key in rows:
         storage.delete(key)

@@ -2,9 +2,10 @@
 
 Two loops run side by side so that a long finalisation never delays the
 validation of a newly created batch. Each wakes every
-`housekeeping_interval_seconds`, or at once when `wake()` is called (by the
-create and cancel routes). Every step is a lease-guarded, restartable unit, so
-any number of API replicas may run these loops against one database.
+`housekeeping_interval_seconds`, or at once when `wake()` is called (the create
+route wakes validation, the cancel route finalisation). Every step is a
+lease-guarded, restartable unit, so any number of API replicas may run these
+loops against one database.
 """
 
 import asyncio
@@ -20,7 +21,8 @@ from collections.abc import Callable
 from app.config import Settings
 from app.db.session import session_scope
 from app.services.files import expire_files
-from app.services.finalizer import finalize_ready_batches
+from app.services.finalizer import delete_leftover_chunks, finalize_ready_batches
+from app.services.uploads import expire_uploads
 from app.services.validation import validate_pending
 from app.storage import LocalStorage, storage_for
 
@@ -29,27 +31,29 @@ log = logging.getLogger("overnight.housekeeping")
 # Storage temp files older than this belong to a writer that died.
 STALE_TEMP_SECONDS = 24 * 3600
 
-_wakers: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
+VALIDATION, FINALISATION = "validation", "finalisation"
+
+_wakers: dict[tuple[str, str], list[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
 _wakers_lock = threading.Lock()
 
 
-def wake(settings: Settings) -> None:
-    """Wakes every housekeeping loop of this process that serves the same database."""
+def wake(settings: Settings, loop_name: str) -> None:
+    """Wakes the `validation` or `finalisation` loops of this process serving this database."""
     with _wakers_lock:
-        targets = list(_wakers.get(settings.sqlalchemy_url, ()))
+        targets = list(_wakers.get((settings.sqlalchemy_url, loop_name), ()))
     for loop, event in targets:
         with contextlib.suppress(RuntimeError):  # that loop has closed
             loop.call_soon_threadsafe(event.set)
 
 
-def _register(settings: Settings, event: asyncio.Event) -> Callable[[], None]:
-    entry = (asyncio.get_running_loop(), event)
+def _register(settings: Settings, loop_name: str, event: asyncio.Event) -> Callable[[], None]:
+    key, entry = (settings.sqlalchemy_url, loop_name), (asyncio.get_running_loop(), event)
     with _wakers_lock:
-        _wakers.setdefault(settings.sqlalchemy_url, []).append(entry)
+        _wakers.setdefault(key, []).append(entry)
 
     def unregister() -> None:
         with _wakers_lock:
-            _wakers[settings.sqlalchemy_url].remove(entry)
+            _wakers[key].remove(entry)
 
     return unregister
 
@@ -61,15 +65,19 @@ def owner_name(role: str) -> str:
 
 def _validate(settings: Settings, owner: str) -> None:
     if validate_pending(settings, owner):
-        wake(settings)  # a batch cancelled while validating can now be finalised
+        wake(settings, FINALISATION)  # a batch cancelled while validating can now end
 
 
 def tidy(settings: Settings, owner: str) -> None:
-    """One pass of everything but validation: finalise, expire files, sweep temp files."""
+    """One pass of everything but validation: finalise, expire uploads and files, sweep temp."""
     storage = storage_for(str(settings.storage_dir))
     finalize_ready_batches(settings, owner, storage)
+    delete_leftover_chunks(settings, storage)
+    now = int(time.time())
     with session_scope(settings) as session:
-        expire_files(session, storage, int(time.time()))
+        expire_uploads(session, storage, now)
+    with session_scope(settings) as session:
+        expire_files(session, storage, now)
     if isinstance(storage, LocalStorage):
         storage.sweep_temp(STALE_TEMP_SECONDS)
 
@@ -78,7 +86,10 @@ async def housekeeping_loop(settings: Settings, stop: asyncio.Event) -> None:
     """Runs until `stop` is set; the API's lifespan starts it."""
     owner = owner_name("api")
     validate_wake, tidy_wake = asyncio.Event(), asyncio.Event()
-    unregister = [_register(settings, validate_wake), _register(settings, tidy_wake)]
+    unregister = [
+        _register(settings, VALIDATION, validate_wake),
+        _register(settings, FINALISATION, tidy_wake),
+    ]
     try:
         await asyncio.gather(
             _repeat(settings, stop, validate_wake, lambda: _validate(settings, owner)),

@@ -22,7 +22,7 @@ from app.db.models import Batch, File, Shard
 from app.db.session import session_scope
 from app.schemas.batches import BatchError
 from app.services import batch_lease
-from app.services.batch_lease import Lease
+from app.services.batch_lease import Heartbeat, Lease
 from app.services.jsonl import scan_lines
 from app.storage import Storage, storage_for
 
@@ -222,7 +222,7 @@ def read_input(
     storage: Storage,
     key: str,
     endpoint: str,
-    heartbeat: "Heartbeat | None" = None,
+    heartbeat: Heartbeat | None = None,
 ) -> Outcome | None:
     """Streams the file once; None if the heartbeat says to stop (lease lost, batch cancelled)."""
     outcome = Outcome(size=storage.size(key))
@@ -259,21 +259,6 @@ def _too_many(limit: int, line_no: int) -> BatchError:
         f"The batch input file has more than {limit:,} requests, the most one batch may hold.",
         line_no,
     )
-
-
-class Heartbeat:
-    """Renews the validation lease at most every third of `lease_seconds`."""
-
-    def __init__(self, settings: Settings, lease: Lease) -> None:
-        self.settings = settings
-        self.lease = lease
-        self._next = time.monotonic() + settings.lease_seconds / 3
-
-    def beat(self) -> bool:
-        if time.monotonic() < self._next:
-            return True
-        self._next = time.monotonic() + self.settings.lease_seconds / 3
-        return batch_lease.renew(self.settings, self.lease, "validating")
 
 
 @dataclass(frozen=True)
@@ -329,7 +314,11 @@ def validate(settings: Settings, storage: Storage, lease: Lease, source: InputFi
     if source.bytes > settings.max_batch_file_bytes:
         return record(settings, lease, Outcome(errors=[_too_large(settings, source.bytes)]))
     outcome = read_input(
-        settings, storage, source.storage_key, source.endpoint, Heartbeat(settings, lease)
+        settings,
+        storage,
+        source.storage_key,
+        source.endpoint,
+        Heartbeat(settings, lease, "validating"),
     )
     if outcome is None:
         batch_lease.release(settings, lease)
