@@ -14,6 +14,7 @@ from sqlalchemy import update
 from app.config import Settings
 from app.db.models import Batch
 from app.db.session import session_scope
+from app.services.batches import Progress
 from tests.engine_fixtures import (
     chat_line,
     jsonl,
@@ -26,7 +27,6 @@ from tests.engine_fixtures import (
 from tests.fake_engine import FakeEngine, ThreadedWorker, fast
 from tests.harness import RunningServer, running_server
 from worker import claim
-from worker.claim import Progress
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ from sqlalchemy import and_, or_, select, update
 from sqlalchemy.orm import Session
 
 from app.db.models import Batch, File, ResultChunk, Shard
+from app.services.batches import Progress
 
 RUNNABLE_BATCH_STATUS = "in_progress"
 
@@ -39,22 +40,6 @@ class Lease:
         return (
             f"batches/{self.batch_id}/shards/{self.index:06d}/{self.epoch:06d}-{sequence:06d}.jsonl"
         )
-
-
-@dataclass
-class Progress:
-    """What a checkpoint adds to the shard's counts."""
-
-    completed: int = 0
-    failed: int = 0
-    input_tokens: int = 0
-    cached_tokens: int = 0
-    output_tokens: int = 0
-    reasoning_tokens: int = 0
-
-    @property
-    def lines(self) -> int:
-        return self.completed + self.failed
 
 
 @dataclass(frozen=True)

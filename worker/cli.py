@@ -55,7 +55,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser = AsyncEngineArgs.add_cli_args(parser)
     # Batch bodies should carry cached_tokens as OpenAI's do.
     parser.set_defaults(model=DEFAULT_MODEL, enable_prompt_tokens_details=True)
+    if _on_cpu():
+        # torch.compile needs a C++ toolchain and minutes of start-up for a small gain on CPU.
+        parser.set_defaults(enforce_eager=True)
     return parser
+
+
+def _on_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
 
 
 def model_source(model: str, settings: Settings) -> str:

@@ -76,6 +76,7 @@ class Worker:
         self.active: dict[asyncio.Task[str], ShardRun] = {}
         self.outcomes: list[tuple[str, int, str]] = []
         self._changed = asyncio.Event()
+        self._watchers: set[asyncio.Task[None]] = set()
         self._finalize_wanted = asyncio.Event()
         self._fatal: BaseException | None = None
 
@@ -144,9 +145,14 @@ class Worker:
         task = asyncio.create_task(run.run())
         self.active[task] = run
         task.add_done_callback(self._run_ended)
-        # A shard whose lines are all done already finishes at once: let it settle first.
-        await asyncio.sleep(0)
+        self._watchers.add(watcher := asyncio.create_task(self._wake_when_fed(run)))
+        watcher.add_done_callback(self._watchers.discard)
         return True
+
+    async def _wake_when_fed(self, run: ShardRun) -> None:
+        # The next shard is claimed as soon as this one has no more lines to read.
+        await run.fed_all.wait()
+        self._changed.set()
 
     def _run_ended(self, task: "asyncio.Task[str]") -> None:
         run = self.active.pop(task)

@@ -10,9 +10,10 @@ from typing import Any
 import orjson
 
 from app.ids import new_batch_request_id
+from app.services.batches import Progress
 from app.storage import Storage
 from app.storage.base import put
-from worker.claim import Lease, Progress
+from worker.claim import Lease
 from worker.engine import EngineResult
 from worker.scheduler import Job
 

@@ -1,0 +1,104 @@
+"""Engine processes die with a SIGKILLed owner; the worker command line passes vLLM's flags."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from app.config import Settings
+from worker import models
+from worker.cli import parse
+
+OWNER = textwrap.dedent(
+    """
+    import multiprocessing, os, sys, time
+    import worker.process
+
+    def grandchild():
+        time.sleep(600)
+
+    def child():
+        p = multiprocessing.get_context("spawn").Process(target=grandchild)
+        p.start()
+        time.sleep(600)
+
+    if __name__ == "__main__":
+        worker.process.install()
+        method = sys.argv[1]
+        multiprocessing.get_context(method).Process(target=child).start()
+        time.sleep(600)
+    """
+)
+
+
+@pytest.mark.parametrize("method", ["spawn", "fork"])
+def test_children_and_grandchildren_die_with_a_sigkilled_owner(tmp_path: Path, method: str) -> None:
+    script = tmp_path / "owner.py"
+    script.write_text(OWNER)
+    owner = subprocess.Popen(
+        [sys.executable, str(script), method], cwd=Path(__file__).parent.parent
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while len(descendants := psutil.Process(owner.pid).children(recursive=True)) < 2:
+            assert time.monotonic() < deadline, "the owner did not start its processes"
+            time.sleep(0.1)
+        # The spawn machinery may add a resource tracker: only our two matter.
+        ours = [p for p in descendants if "resource_tracker" not in " ".join(p.cmdline())]
+        os.kill(owner.pid, signal.SIGKILL)
+        owner.wait(10)
+        _, alive = psutil.wait_procs(ours, timeout=10)
+        assert not alive, f"orphans: {[p.pid for p in alive]}"
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+
+
+def _fake_converted(data_dir: Path) -> Path:
+    target = data_dir / "models" / models.SMOLLM2_DIR
+    target.mkdir(parents=True)
+    (target / ".overnight-converted").write_text("ok\n")
+    return target
+
+
+def test_served_names_resolve_to_bundled_models(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path, _env_file=None)  # type: ignore[call-arg]
+    converted = _fake_converted(tmp_path)
+
+    args, _ = parse(["--model", "SmolLM2-135M-Instruct"], settings)
+    assert args.model == str(converted) and args.served_model_name == ["SmolLM2-135M-Instruct"]
+
+    args, _ = parse(["--model", "all-MiniLM-L6-v2"], settings)
+    assert args.served_model_name == ["all-MiniLM-L6-v2"] and args.runner == "pooling"
+    assert Path(args.model, "config.json").exists()
+
+    args, _ = parse([], settings)
+    assert args.model == str(converted), "the bundled SmolLM2 is the default"
+
+
+def test_every_vllm_engine_argument_passes_through(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path, _env_file=None)  # type: ignore[call-arg]
+    args, _ = parse(
+        [
+            "--model", "org/some-model", "--served-model-name", "mine",
+            "--tensor-parallel-size", "2", "--gpu-memory-utilization", "0.5",
+            "--max-model-len", "4096", "--dtype", "bfloat16", "--max-num-seqs", "64",
+            "--window", "300", "--no-dedup",
+        ],
+        settings,
+    )  # fmt: skip
+    assert args.model == "org/some-model" and args.served_model_name == ["mine"]
+    assert (args.tensor_parallel_size, args.gpu_memory_utilization) == (2, 0.5)
+    assert (args.max_model_len, args.dtype, args.max_num_seqs) == (4096, "bfloat16", 64)
+    assert (args.window, args.dedup, args.prefix_grouping) == (300, False, True)
+
+
+def test_unknown_bundled_model_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(models.ModelNotFoundError, match="bundled:smollm2"):
+        models.resolve("bundled:nope", tmp_path)
