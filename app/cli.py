@@ -11,6 +11,7 @@ from pathlib import Path
 from app.client import register as register_client_commands
 from app.config import Settings, get_settings
 from app.db.session import session_scope, upgrade
+from app.offline import add_arguments as add_run_batch_arguments
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -86,6 +87,12 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_run_batch(args: argparse.Namespace) -> int:
+    from app.offline import main as run_batch
+
+    return run_batch(args, args.extra)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from app.logging import configure_logging
     from app.supervisor import serve
@@ -135,6 +142,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_db_upgrade)
 
     register_client_commands(sub)  # batches, files, keys
+    p = sub.add_parser(
+        "run-batch",
+        help="run one batch file offline, like vLLM's run_batch (vLLM arguments pass through)",
+    )
+    add_run_batch_arguments(p)
+    p.set_defaults(func=cmd_run_batch)
     # Everything after `worker` goes to vLLM's own parser: `overnight worker --help` lists it all.
     p = sub.add_parser(
         "worker", help="run batch requests on an embedded vLLM engine", add_help=False
@@ -166,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    if extra and args.command != "worker":
+    if extra and args.command not in ("worker", "run-batch"):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.extra = extra
     result: int = args.func(args)

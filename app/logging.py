@@ -70,6 +70,8 @@ def configure_logging(level: str = "info", fmt: str = "json") -> None:
         logger.propagate = True
     # AccessLogMiddleware logs every request with its id; uvicorn's own line would repeat it.
     logging.getLogger("uvicorn.access").disabled = True
+    # One line per outgoing request (readiness polls, the SDK) is noise at INFO.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 class AccessLogMiddleware:

@@ -194,7 +194,7 @@ def wait_until_ready(
 
 
 def banner(url: str, models: Sequence[str], open_mode: bool) -> str:
-    key = '"anything"  # no keys configured' if open_mode else 'os.environ["OPENAI_API_KEY"]'
+    key = '"anything")  # no keys are configured' if open_mode else 'os.environ["OPENAI_API_KEY"])'
     workers = ", ".join(models) if models else "none (--no-workers)"
     return f"""
 overnight is running
@@ -206,7 +206,7 @@ Try it with the OpenAI SDK:
 
   import os
   from openai import OpenAI
-  client = OpenAI(base_url="{url}/v1", api_key={key})
+  client = OpenAI(base_url="{url}/v1", api_key={key}
   batch_file = client.files.create(file=open("requests.jsonl", "rb"), purpose="batch")
   batch = client.batches.create(input_file_id=batch_file.id,
                                 endpoint="/v1/chat/completions", completion_window="24h")

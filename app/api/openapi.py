@@ -46,6 +46,9 @@ RESPONSE_NAMES = {
     "listBatches": "ListBatchesResponse",
     "listModels": "ListModelsResponse",
     "retrieveModel": "Model",
+    "listProjects": "ListProjectsResponse",
+    "listApiKeys": "ListApiKeysResponse",
+    "listWorkers": "ListWorkersResponse",
 }
 REQUEST_NAMES = {
     "createFile": "CreateFileRequest",

@@ -1,0 +1,225 @@
+"""`overnight run-batch`: one file, no server, the service's pipeline and output lines.
+
+One run uses the real vLLM engine (input GET from a URL, output PUT to one); the resume
+after a crash runs the real worker loop with the scripted engine, in process.
+"""
+
+import asyncio
+import http.server
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import orjson
+import pytest
+from sqlalchemy import select
+
+from app import offline
+from app.cli import main
+from app.config import Settings
+from app.db.models import ResultChunk
+from app.db.session import session_scope
+from app.services.jsonl import iter_lines
+from app.storage import storage_for
+from tests.engine_fixtures import ENGINE_ARGS, ENGINE_ENV, MODEL, chat_line, jsonl
+from tests.fake_engine import FakeEngine
+from worker.loop import Worker, WorkerOptions
+from worker.models import ensure_converted
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+class Files(http.server.BaseHTTPRequestHandler):
+    """GET serves `served`; PUT stores the body in `received`."""
+
+    served: ClassVar[dict[str, bytes]] = {}
+    received: ClassVar[dict[str, bytes]] = {}
+
+    def do_GET(self) -> None:
+        body = self.served.get(self.path)
+        self.send_response(200 if body is not None else 404)
+        self.end_headers()
+        self.wfile.write(body or b"")
+
+    def do_PUT(self) -> None:
+        chunks = []
+        if self.headers.get("transfer-encoding", "").lower() == "chunked":
+            while size := int(self.rfile.readline().strip(), 16):
+                chunks.append(self.rfile.read(size))
+                self.rfile.readline()
+            self.rfile.readline()
+        else:
+            chunks.append(self.rfile.read(int(self.headers.get("content-length", 0))))
+        self.received[self.path] = b"".join(chunks)
+        self.send_response(201)
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def file_server() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Files)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+
+
+def lines_of(data: bytes) -> list[dict[str, Any]]:
+    return [orjson.loads(line) for line in data.splitlines()]
+
+
+@pytest.mark.engine
+def test_real_engine_from_url_to_url(
+    file_server: str, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    model_dir = ensure_converted(tmp_path_factory.mktemp("models"))
+    requests = [chat_line(f"q-{i}", f"Name a colour, {i}.", max_tokens=8) for i in range(5)]
+    requests.append(chat_line("too-long", max_tokens=10**7))  # the engine refuses it: a 400
+    Files.served["/in.jsonl"] = jsonl(requests)
+    result = subprocess.run(
+        [
+            sys.executable, "-m", "app.cli", "run-batch",
+            "-i", f"{file_server}/in.jsonl",
+            "-o", f"{file_server}/out.jsonl",
+            "--error-file", str(tmp_path / "errors.jsonl"),
+            "--work-dir", str(tmp_path / "work"),
+            "--model", str(model_dir),
+            *ENGINE_ARGS,
+        ],
+        env={**os.environ, **ENGINE_ENV},
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "completed: 5 succeeded, 1 failed of 6" in result.stderr
+    outputs = lines_of(Files.received["/out.jsonl"])
+    assert sorted(o["custom_id"] for o in outputs) == [f"q-{i}" for i in range(5)]
+    for o in outputs:
+        assert o["id"].startswith("batch_req_") and o["error"] is None
+        assert o["response"]["status_code"] == 200
+        assert o["response"]["request_id"].startswith("req_")
+        assert o["response"]["body"]["object"] == "chat.completion"
+        assert o["response"]["body"]["model"] == MODEL
+    [error] = lines_of((tmp_path / "errors.jsonl").read_bytes())
+    assert error["custom_id"] == "too-long" and error["response"]["status_code"] == 400
+    assert error["response"]["body"]["error"]["message"]
+
+
+def fake_worker(engine: FakeEngine):  # type: ignore[no-untyped-def]
+    """Stands in for `offline._run_worker`: the real worker loop, a scripted engine."""
+
+    async def run_worker(settings: Any, batch_id: str, engine_argv: list[str]) -> None:
+        stop = asyncio.Event()
+        follow = asyncio.create_task(offline._follow(settings, batch_id, stop))
+        await Worker(settings, engine, WorkerOptions(worker_id="offline-test")).run(stop)
+        await follow
+
+    return run_worker
+
+
+# The first run, killed midway: the real worker loop with a slow scripted engine.
+CRASHING_RUN = """
+import sys
+from app import offline
+from app.cli import main
+from tests.fake_engine import FakeEngine
+from tests.test_offline import fake_worker
+offline._run_worker = fake_worker(FakeEngine(delay=0.2, max_num_seqs=1))
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def persisted(work: Path) -> dict[str, str]:
+    """custom_id -> batch_req id of every result recorded in the work directory."""
+    if not (work / offline.STATE_FILE).exists():
+        return {}  # the run has not created its database yet: do not create it for it
+    settings = Settings(data_dir=work, _env_file=None)  # type: ignore[call-arg]
+    storage = storage_for(str(settings.storage_dir))
+    with session_scope(settings) as session:
+        keys = list(session.scalars(select(ResultChunk.storage_key)))
+    outputs = (orjson.loads(raw)["output"] for key in keys for _n, raw in iter_lines(storage, key))
+    return {o["custom_id"]: o["id"] for o in outputs}
+
+
+def test_rerun_after_a_crash_resumes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(jsonl([chat_line(f"r-{i}") for i in range(30)]))
+    work, out = tmp_path / "work", tmp_path / "out.jsonl"
+    args = ["run-batch", "-i", str(source), "-o", str(out), "--work-dir", str(work)]
+    first = subprocess.Popen([sys.executable, "-c", CRASHING_RUN, *args], cwd=REPO)
+    try:
+        deadline = time.monotonic() + 120
+        while len(before := persisted(work)) < 3:
+            assert first.poll() is None, "the first run ended before it could be killed"
+            assert time.monotonic() < deadline, "no results were recorded"
+            time.sleep(0.05)
+        first.kill()  # SIGKILL: no goodbye, the shard stays leased
+        first.wait()
+    finally:
+        if first.poll() is None:
+            first.kill()
+    before = persisted(work)
+    assert 3 <= len(before) < 30 and not out.exists()
+
+    engine = FakeEngine()
+    monkeypatch.setattr(offline, "_run_worker", fake_worker(engine))
+    assert main(args) == 0
+    everything = lines_of(out.read_bytes())
+    assert sorted(o["custom_id"] for o in everything) == sorted(f"r-{i}" for i in range(30))
+    assert all(o["response"]["status_code"] == 200 for o in everything)
+    # Results persisted before the crash are kept as they were, never run again.
+    assert {o["custom_id"]: o["id"] for o in everything if o["custom_id"] in before} == before
+    ran = {body["messages"][0]["content"].removeprefix("hello ") for body in engine.bodies()}
+    assert not ran & set(before) and len(ran) == 30 - len(before)
+
+    # Once done, running it again only writes the results again.
+    monkeypatch.setattr(offline, "_run_worker", None)
+    again = tmp_path / "again.jsonl"
+    args[args.index(str(out))] = str(again)
+    assert main(args) == 0
+    assert again.read_bytes() == out.read_bytes()
+
+
+def test_bad_input_is_reported_by_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    source = tmp_path / "bad.jsonl"
+    good = chat_line("a")
+    source.write_bytes(jsonl([good, b"{not json", good]))
+    out = tmp_path / "out.jsonl"
+    code = main(["run-batch", "-i", str(source), "-o", str(out), "--work-dir", str(tmp_path / "w")])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "line 2:" in err and "line 3:" in err  # unparseable, and a duplicate custom_id
+    assert "Traceback" not in err and not out.exists()
+
+
+def test_unreadable_input_and_a_reused_work_dir(
+    tmp_path: Path, file_server: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = str(tmp_path / "out.jsonl")
+    assert main(["run-batch", "-i", str(tmp_path / "nope.jsonl"), "-o", out]) == 1
+    assert "cannot read" in capsys.readouterr().err
+    assert main(["run-batch", "-i", f"{file_server}/missing.jsonl", "-o", out]) == 1
+    assert "answered 404" in capsys.readouterr().err
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(b"\n\n")
+    assert main(["run-batch", "-i", str(empty), "-o", out, "--work-dir", str(tmp_path / "w")]) == 1
+    assert "no requests" in capsys.readouterr().err
+    one = tmp_path / "one.jsonl"
+    one.write_bytes(jsonl([chat_line("a"), b"{oops"]))
+    work = str(tmp_path / "w2")
+    assert main(["run-batch", "-i", str(one), "-o", out, "--work-dir", work]) == 1
+    other = tmp_path / "other.jsonl"
+    other.write_bytes(jsonl([chat_line("x")]))
+    capsys.readouterr()
+    assert main(["run-batch", "-i", str(other), "-o", out, "--work-dir", work]) == 1
+    assert "use another --work-dir" in capsys.readouterr().err
