@@ -29,6 +29,7 @@ BACKOFF_SECONDS = (1.0, 2.0, 5.0, 10.0, 30.0)
 HEALTHY_AFTER_SECONDS = 60.0
 STOP_GRACE_SECONDS = 20.0
 POLL_SECONDS = 0.25
+CPU_KV_CACHE_GIB = "2"
 
 
 @dataclass
@@ -154,7 +155,14 @@ def _cli(*args: str) -> list[str]:
 def children_for(settings: Settings, models: Sequence[str]) -> list[Child]:
     """The API and one worker per model, all on the same settings."""
     data_dir = str(Path(settings.data_dir).resolve())
-    env = {**os.environ, "OVERNIGHT_DATA_DIR": data_dir, "HF_HUB_OFFLINE": "1"}
+    env = {
+        # vLLM on CPU reserves 92% of the machine's memory for each engine unless told
+        # otherwise, so a second engine could never start: give each a fixed KV cache.
+        "VLLM_CPU_KVCACHE_SPACE": CPU_KV_CACHE_GIB,
+        **os.environ,
+        "OVERNIGHT_DATA_DIR": data_dir,
+        "HF_HUB_OFFLINE": "1",
+    }
     api = Child(
         "api",
         _cli("api", "--host", settings.host, "--port", str(settings.port), "--data-dir", data_dir),

@@ -1,0 +1,180 @@
+"""The README's quick start, run as written against `overnight serve` on the embedded default.
+
+Every ```bash and ```python block of the "Quick start" section runs in order in a scratch
+directory (with `.venv` linked in, as in a checkout). The one change: the service listens
+on a free port (OVERNIGHT_PORT), so `127.0.0.1:8000` in the blocks is replaced by it.
+Afterwards the same `overnight serve` shows that a killed worker is replaced, its engine
+processes with it, and that Ctrl-C stops everything.
+"""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import orjson
+import psutil
+import pytest
+
+from tests.harness import free_port
+
+REPO = Path(__file__).resolve().parent.parent
+README = REPO / "README.md"
+MODELS = {"SmolLM2-135M-Instruct", "all-MiniLM-L6-v2"}
+START_TIMEOUT = 900
+
+pytestmark = pytest.mark.engine
+
+
+def quickstart_blocks() -> list[tuple[str, str]]:
+    text = README.read_text()
+    section = text[text.index("## Quick start") : text.index("## Architecture")]
+    return re.findall(r"^```(bash|python)\n(.*?)^```", section, re.S | re.M)
+
+
+@dataclass
+class Served:
+    process: subprocess.Popen[bytes]
+    url: str
+    port: int
+    log: Path
+    workdir: Path
+    env: dict[str, str]
+
+    def workers(self) -> list[dict[str, object]]:
+        return list(httpx.get(f"{self.url}/v1/admin/workers", timeout=30).json()["data"])
+
+    def live_workers(self) -> dict[str, dict[str, object]]:
+        return {str(w["model"]): w for w in self.workers() if w["state"] in ("idle", "running")}
+
+
+def _wait(what: str, served: Served, condition: object, timeout: float = START_TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():  # type: ignore[operator]
+        code = served.process.poll()
+        assert code is None, (
+            f"overnight serve exited with {code}:\n{served.log.read_text()[-5000:]}"
+        )
+        assert time.monotonic() < deadline, f"{what}:\n{served.log.read_text()[-5000:]}"
+        time.sleep(1)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    workdir = tmp_path_factory.mktemp("readme")
+    (workdir / ".venv").symlink_to(REPO / ".venv")
+    port = free_port()
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("OVERNIGHT_", "OPENAI_", "VLLM_"))
+    }
+    env |= {"OVERNIGHT_PORT": str(port), "OVERNIGHT_LOG_FORMAT": "text"}
+    log = workdir / "serve.log"
+    overnight = Path(sys.executable).parent / "overnight"
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            [str(overnight), "serve"], cwd=workdir, env=env, stdout=out, stderr=subprocess.STDOUT
+        )
+    running = Served(process, f"http://127.0.0.1:{port}", port, log, workdir, env)
+    try:
+        _wait("the banner", running, lambda: "Press Ctrl-C to stop." in log.read_text())
+        _wait("both workers", running, lambda: set(running.live_workers()) == MODELS)
+        yield running
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+def test_banner_shows_the_way_in(served: Served) -> None:
+    text = served.log.read_text()
+    assert f"API        {served.url}/v1" in text
+    assert f"Dashboard  {served.url}/dashboard" in text
+    assert f'client = OpenAI(base_url="{served.url}/v1", api_key="anything")' in text
+    assert (served.workdir / "data" / "overnight.db").exists()  # the embedded default
+
+
+def test_quickstart_blocks_run_as_written(served: Served) -> None:
+    blocks = quickstart_blocks()
+    assert [kind for kind, _ in blocks].count("python") >= 1
+    assert sum("curl" in code for kind, code in blocks if kind == "bash") >= 1
+    outputs = []
+    for kind, code in blocks:
+        code = code.replace("127.0.0.1:8000", f"127.0.0.1:{served.port}")
+        command = ["bash", "-euo", "pipefail", "-c", code]
+        if kind == "python":
+            command = [sys.executable, "-c", code]
+        result = subprocess.run(
+            command, cwd=served.workdir, env=served.env, capture_output=True, text=True, timeout=900
+        )
+        assert result.returncode == 0, (
+            f"{kind} block failed:\n{code}\n{result.stdout}\n{result.stderr}"
+        )
+        outputs.append((kind, code, result.stdout))
+
+    def ids_in(text: str) -> set[str]:
+        found = set()
+        for line in text.splitlines():
+            if line.startswith('{"id":"batch_req_'):
+                record = orjson.loads(line)
+                assert record["response"]["status_code"] == 200 and record["error"] is None
+                found.add(record["custom_id"])
+        return found
+
+    sdk = next(out for kind, _c, out in outputs if kind == "python")
+    assert "completed" in sdk and ids_in(sdk) == {"greet", "haiku", "count"}
+    curl = next(out for kind, code, out in outputs if "curl" in code)
+    assert ids_in(curl) == {"greet", "haiku", "count"}
+    cli = (served.workdir / "requests.output.jsonl").read_text()
+    assert ids_in(cli) == {"greet", "haiku", "count"}
+    embeddings = [
+        orjson.loads(x) for x in (served.workdir / "embeddings.jsonl").read_bytes().splitlines()
+    ]
+    assert sorted(e["custom_id"] for e in embeddings) == ["e1", "e2"]
+    assert len(embeddings[0]["response"]["body"]["data"][0]["embedding"]) == 384
+    offline = (served.workdir / "results.jsonl").read_text()
+    assert ids_in(offline) == {"greet", "haiku", "count"}
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def test_a_killed_worker_is_replaced_then_ctrl_c_stops_all(served: Served) -> None:
+    chat = served.live_workers()["SmolLM2-135M-Instruct"]
+    old_pid = int(str(chat["pid"]))
+    engine = _descendants(old_pid)
+    assert engine, "the worker runs vLLM's engine core in child processes"
+    os.kill(old_pid, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in engine):
+        assert time.monotonic() < deadline, "the dead worker's engine processes survived"
+        time.sleep(0.5)
+    _wait(
+        "a new chat worker",
+        served,
+        lambda: (
+            int(str(served.live_workers().get("SmolLM2-135M-Instruct", {}).get("pid", old_pid)))
+            != old_pid
+        ),
+    )
+    everything = [served.process.pid, *(p.pid for p in _descendants(served.process.pid))]
+    served.process.send_signal(signal.SIGINT)
+    assert served.process.wait(90) == 0
+    time.sleep(1)
+    survivors = [pid for pid in everything[1:] if psutil.pid_exists(pid)]
+    survivors = [pid for pid in survivors if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    assert survivors == [], "processes outlived `overnight serve`"
