@@ -112,11 +112,18 @@ class _Collector:
             "on_end": self.on_end,
         }
 
-    def take(self) -> bytes:
-        data = b"".join(self.pending)
-        self.pending.clear()
+    def flush(self) -> Callable[[], None]:
+        """A call that hands the pending bytes to the sink (to run on a worker thread)."""
+        sink, pieces = self.sink, self.pending
+        assert sink is not None
+        self.pending = []
         self.pending_bytes = 0
-        return data
+
+        def write() -> None:
+            for piece in pieces:
+                sink.write(piece)
+
+        return write
 
     def on_part_begin(self) -> None:
         self._parts += 1
@@ -163,7 +170,8 @@ class _Collector:
 
     def on_part_data(self, data: bytes, start: int, end: int) -> None:
         if self._mode == "stream":
-            self.pending.append(data[start:end])
+            # Most chunks are all part data: keep them without copying.
+            self.pending.append(data if start == 0 and end == len(data) else data[start:end])
             self.pending_bytes += end - start
         elif self._mode == "field":
             if len(self._field_value) + end - start > MAX_FIELD_BYTES:
@@ -231,16 +239,14 @@ async def read_multipart(
             if collector.sink is not None and collector.pending_bytes >= FLUSH_BYTES:
                 if writing is not None:
                     await writing
-                writing = asyncio.create_task(
-                    run_in_threadpool(collector.sink.write, collector.take())
-                )
+                writing = asyncio.create_task(run_in_threadpool(collector.flush()))
         if not collector.finished:
             raise malformed("the body ended before the closing boundary (truncated upload?).")
         if writing is not None:
             await writing
             writing = None
         if collector.sink is not None and collector.pending_bytes:
-            await run_in_threadpool(collector.sink.write, collector.take())
+            await run_in_threadpool(collector.flush())
     except BaseException as exc:
         if writing is not None:
             await asyncio.gather(writing, return_exceptions=True)
