@@ -6,6 +6,7 @@ takeover with fencing, SIGTERM release, two workers on one batch.
 
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import openai
 import pytest
@@ -26,6 +27,7 @@ from tests.engine_fixtures import (
 )
 from tests.fake_engine import FakeEngine, ThreadedWorker, fast
 from tests.harness import RunningServer, running_server
+from worker.engine import EngineDeadError, EngineResult
 from worker import claim
 
 
@@ -197,3 +199,26 @@ def test_two_workers_share_one_batch(server: RunningServer, client: openai.OpenA
     contents = [b["messages"][0]["content"] for b in one.bodies() + two.bodies()]
     assert sorted(contents) == sorted(f"hello r{i}" for i in range(30))
     assert len(results(client, batch)) == 30
+
+
+class DyingEngine(FakeEngine):
+    async def run(self, endpoint: str, body: dict[str, Any], request_id: str) -> EngineResult:
+        if len(self.calls) >= 3:
+            raise EngineDeadError("the engine core died")
+        return await super().run(endpoint, body, request_id)
+
+
+def test_a_dead_engine_stops_the_worker_and_frees_its_shard(
+    server: RunningServer, client: openai.OpenAI
+) -> None:
+    engine = DyingEngine(max_num_seqs=1)
+    with ThreadedWorker(server.settings, engine) as worker:
+        batch_id = start_batch(client, jsonl([chat_line(f"r{i}") for i in range(5)]))
+        deadline = time.monotonic() + 20
+        while worker.exit_code is None:
+            assert time.monotonic() < deadline, "the worker kept running on a dead engine"
+            time.sleep(0.05)
+    assert worker.exit_code == 1
+    [shard] = shards_of(server.settings, batch_id)
+    assert shard.status == "pending" and shard.lease_owner is None
+    assert shard.completed >= 2  # what finished before the engine died is kept

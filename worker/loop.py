@@ -25,6 +25,8 @@ from worker.shard import HeartbeatLost, RunOptions, ShardRun
 
 log = logging.getLogger("overnight.worker")
 
+SHARD_ERROR_PAUSE_SECONDS = 5.0
+
 
 @dataclass(frozen=True)
 class WorkerOptions:
@@ -79,6 +81,7 @@ class Worker:
         self._watchers: set[asyncio.Task[None]] = set()
         self._finalize_wanted = asyncio.Event()
         self._fatal: BaseException | None = None
+        self._claim_after = 0.0
 
     async def run(self, stop: asyncio.Event) -> int:
         """Work until `stop` is set (0) or something fatal happens (1)."""
@@ -124,6 +127,8 @@ class Worker:
         if self.scheduler.failure is not None:
             self._fatal = self.scheduler.failure
             return False
+        if time.monotonic() < self._claim_after:
+            return False
         runs = self.active.values()
         return len(runs) < self.options.max_active_shards and all(r.fed_all.is_set() for r in runs)
 
@@ -160,9 +165,12 @@ class Worker:
         if task.cancelled():
             outcome = "cancelled-task"
         elif (error := task.exception()) is not None:
-            outcome = "error"
-            if isinstance(error, HeartbeatLost | EngineDeadError) or self._fatal is None:
+            outcome = f"error: {error!r}"
+            if isinstance(error, HeartbeatLost | EngineDeadError) or self.scheduler.failure:
                 self._fatal = error
+            else:
+                # The shard went back to pending: do not take it again in a tight loop.
+                self._claim_after = time.monotonic() + SHARD_ERROR_PAUSE_SECONDS
         else:
             outcome = task.result()
         log.info("shard %d of %s: %s", lease.index, lease.batch_id, outcome)

@@ -290,7 +290,11 @@ class Scheduler:
                 job.aborted = True
                 if job.task is not None:
                     job.task.cancel()
-            await self.engine.abort(ids)
+            try:
+                await self.engine.abort(ids)
+            except Exception:
+                # Cancelling the tasks aborts them as well; a dead engine has nothing to stop.
+                log.exception("aborting %d requests in the engine failed", len(ids))
             await asyncio.gather(*(j.task for j in doomed if j.task), return_exceptions=True)
         self._pump()
         return len(doomed) + len(dropped)
