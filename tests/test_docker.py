@@ -81,13 +81,12 @@ def test_compose_runs_postgres_api_and_workers_on_one_volume() -> None:
 
 
 def _compose_cli() -> list[str] | None:
+    """Compose v2 (the Compose Specification); the legacy v1 `docker-compose` cannot read it."""
     if (
         shutil.which("docker")
         and subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0
     ):
         return ["docker", "compose"]
-    if shutil.which("docker-compose"):
-        return ["docker-compose"]
     return None
 
 
