@@ -27,8 +27,8 @@ from tests.engine_fixtures import (
 )
 from tests.fake_engine import FakeEngine, ThreadedWorker, fast
 from tests.harness import RunningServer, running_server
-from worker.engine import EngineDeadError, EngineResult
 from worker import claim
+from worker.engine import EngineDeadError, EngineResult
 
 
 @pytest.fixture
