@@ -170,15 +170,39 @@ def parse_create_params(fields: Mapping[str, Any]) -> FileCreateParams:
         raise validation_error(list(exc.errors())) from None
 
 
-def default_expires_at(
-    settings: Settings, purpose: str, created_at: int, expires_after_seconds: int | None
-) -> int | None:
-    """OpenAI's rule: batch files expire after 30 days, others only when asked to."""
+def register_client_file(
+    session: Session,
+    settings: Settings,
+    *,
+    project_id: str,
+    file_id: str,
+    filename: str,
+    purpose: str,
+    stored: StoredObject,
+    expires_after_seconds: int | None,
+) -> File:
+    """Register a file a client sent, with OpenAI's default expiry.
+
+    Batch files expire after 30 days (`batch_file_ttl_seconds`); others only when
+    the client's `expires_after` says so.
+    """
+    created_at = _now()
     if expires_after_seconds is not None:
-        return created_at + expires_after_seconds
-    if purpose == "batch":
-        return created_at + settings.batch_file_ttl_seconds
-    return None
+        expires_at: int | None = created_at + expires_after_seconds
+    elif purpose == "batch":
+        expires_at = created_at + settings.batch_file_ttl_seconds
+    else:
+        expires_at = None
+    return create_file_from_storage(
+        session,
+        project_id=project_id,
+        filename=filename,
+        purpose=purpose,
+        stored=stored,
+        expires_at=expires_at,
+        file_id=file_id,
+        created_at=created_at,
+    )
 
 
 def create_file(
@@ -205,19 +229,18 @@ def create_file(
     except BaseException:
         intake.abort()
         raise
-    created_at = _now()
     seconds = params.expires_after.seconds if params.expires_after else None
     try:
         with session.begin():
-            row = create_file_from_storage(
+            row = register_client_file(
                 session,
+                settings,
                 project_id=project_id,
+                file_id=intake.file_id,
                 filename=intake.filename,
                 purpose=params.purpose,
                 stored=stored,
-                expires_at=default_expires_at(settings, params.purpose, created_at, seconds),
-                file_id=intake.file_id,
-                created_at=created_at,
+                expires_after_seconds=seconds,
             )
     except BaseException:
         intake.storage.delete(stored.key)

@@ -27,9 +27,8 @@ from app.services.files import (
     check_batch_filename,
     check_filename,
     check_purpose,
-    create_file_from_storage,
-    default_expires_at,
     file_storage_key,
+    register_client_file,
     to_file_object,
     too_large,
 )
@@ -292,18 +291,15 @@ def complete_upload(
             upload = get_upload(session, project_id, upload_id, lock=True)
             if upload.status != "pending":
                 require_pending(upload, "complete")
-            created_at = _now()
-            file = create_file_from_storage(
+            file = register_client_file(
                 session,
+                settings,
                 project_id=project_id,
+                file_id=file_id,
                 filename=upload.filename,
                 purpose=upload.purpose,
                 stored=stored,
-                expires_at=default_expires_at(
-                    settings, upload.purpose, created_at, upload.file_expires_after
-                ),
-                file_id=file_id,
-                created_at=created_at,
+                expires_after_seconds=upload.file_expires_after,
             )
             upload.status = "completed"
             upload.file_id = file.id
