@@ -70,6 +70,17 @@ def wait_until(
         time.sleep(interval)
 
 
+def wait_completed(
+    client: openai.OpenAI, batch_id: str, at_least: int, timeout: float = 120
+) -> openai.types.Batch:
+    """Until at least this many requests of a running batch have a persisted success."""
+
+    def enough(batch: openai.types.Batch) -> bool:
+        return batch.request_counts is not None and batch.request_counts.completed >= at_least
+
+    return wait_until(client, batch_id, enough, timeout, interval=0.02)
+
+
 def wait_status(
     client: openai.OpenAI, batch_id: str, *statuses: str, timeout: float = 60
 ) -> openai.types.Batch:

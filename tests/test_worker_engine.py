@@ -35,8 +35,8 @@ from tests.engine_fixtures import (
     results,
     smollm2_args,
     start_batch,
+    wait_completed,
     wait_status,
-    wait_until,
 )
 from worker.models import ensure_converted
 
@@ -261,12 +261,7 @@ def long_lines(prefix: str, quick: int, slow: int, slow_tokens: int = 400) -> li
 def test_cancel_aborts_in_flight_within_two_seconds(local: Deployment) -> None:
     with local.client() as client:
         batch_id = start_batch(client, jsonl(long_lines("", 4, 24)))
-        wait_until(
-            client,
-            batch_id,
-            lambda b: b.request_counts is not None and b.request_counts.completed >= 4,
-            timeout=120,
-        )
+        wait_completed(client, batch_id, 4)
         started = time.monotonic()
         client.batches.cancel(batch_id)
         batch = wait_status(client, batch_id, "cancelled", timeout=30)
@@ -283,12 +278,7 @@ def test_cancel_aborts_in_flight_within_two_seconds(local: Deployment) -> None:
 def test_expiry_mid_run(local: Deployment) -> None:
     with local.client() as client:
         batch_id = start_batch(client, jsonl(long_lines("x", 3, 12)))
-        wait_until(
-            client,
-            batch_id,
-            lambda b: b.request_counts is not None and b.request_counts.completed >= 3,
-            timeout=120,
-        )
+        wait_completed(client, batch_id, 3)
         with session_scope(local.settings) as session:
             session.execute(
                 update(Batch).where(Batch.id == batch_id).values(expires_at=int(time.time()))
@@ -329,13 +319,7 @@ def test_sigkill_mid_run_resumes_without_rerunning(local: Deployment, smollm2: P
     ]
     with local.client() as client:
         batch_id = start_batch(client, jsonl(lines))
-        wait_until(
-            client,
-            batch_id,
-            lambda b: b.request_counts is not None and b.request_counts.completed >= 10,
-            timeout=120,
-            interval=0.02,
-        )
+        wait_completed(client, batch_id, 10)
         engine_processes = old.descendants()
         assert engine_processes, "the worker has no engine processes"
         os.kill(old.process.pid, signal.SIGKILL)

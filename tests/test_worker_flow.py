@@ -22,6 +22,7 @@ from tests.engine_fixtures import (
     results,
     shards_of,
     start_batch,
+    wait_completed,
     wait_status,
     wait_until,
 )
@@ -93,7 +94,7 @@ def test_cancel_aborts_in_flight(server: RunningServer, client: openai.OpenAI) -
     engine = FakeEngine(max_num_seqs=4)
     with ThreadedWorker(server.settings, engine):
         batch_id = start_batch(client, jsonl(lines))
-        wait_until(client, batch_id, lambda b: (b.request_counts or b).completed >= 3)  # type: ignore[union-attr]
+        wait_completed(client, batch_id, 3)
         started = time.monotonic()
         client.batches.cancel(batch_id)
         batch = wait_status(client, batch_id, "cancelled", timeout=10)
@@ -116,7 +117,7 @@ def test_expiry_stops_the_run(server: RunningServer, client: openai.OpenAI) -> N
     engine = FakeEngine(max_num_seqs=4)
     with ThreadedWorker(server.settings, engine):
         batch_id = start_batch(client, jsonl(lines))
-        wait_until(client, batch_id, lambda b: (b.request_counts or b).completed >= 2)  # type: ignore[union-attr]
+        wait_completed(client, batch_id, 2)
         with session_scope(server.settings) as session:
             session.execute(
                 update(Batch).where(Batch.id == batch_id).values(expires_at=int(time.time()))
@@ -170,7 +171,7 @@ def test_sigterm_releases_and_another_worker_finishes(
     first = FakeEngine(max_num_seqs=1)
     with ThreadedWorker(settings, first) as worker:
         batch_id = start_batch(client, jsonl(lines))
-        wait_until(client, batch_id, lambda b: (b.request_counts or b).completed >= 2)  # type: ignore[union-attr]
+        wait_completed(client, batch_id, 2)
         worker.stop()
         assert worker.exit_code == 0
     [shard] = shards_of(settings, batch_id)
