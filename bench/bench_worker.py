@@ -68,7 +68,7 @@ def input_file(messages: list[list[dict[str, str]]], max_tokens: int, path: Path
 
 
 # -- (a) raw LLM.chat, in a child process so that each runner starts cold --
-def raw_llm_child(model_dir: str, source: str, max_tokens: int) -> None:
+def raw_llm_child(model_dir: str, source: str, max_tokens: int, target: str) -> None:
     from vllm import LLM, SamplingParams
 
     started = time.monotonic()
@@ -80,20 +80,29 @@ def raw_llm_child(model_dir: str, source: str, max_tokens: int) -> None:
     )
     done = time.monotonic()
     tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
-    print(json.dumps({"wall": done - started, "phase": done - ready, "tokens": tokens}))
+    result = {"wall": done - started, "phase": done - ready, "tokens": tokens}
+    Path(target).write_text(json.dumps(result))
 
 
 def run_raw(model_dir: Path, messages: list[Any], max_tokens: int, work: Path) -> dict[str, float]:
-    source = work / "raw.json"
+    source, target = work / "raw.json", work / "raw.result.json"
     source.write_text(json.dumps(messages))
-    out = subprocess.run(
-        [sys.executable, __file__, "_raw", str(model_dir), str(source), str(max_tokens)],
+    subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            "_raw",
+            str(model_dir),
+            str(source),
+            str(max_tokens),
+            str(target),
+        ],
         env=ENV,
         capture_output=True,
-        text=True,
         check=True,
     )
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    result: dict[str, float] = json.loads(target.read_text())
+    return result
 
 
 # -- (b) vLLM's run_batch --
@@ -220,11 +229,12 @@ def run_overnight(model_dir: Path, source: Path, work: Path, *flags: str) -> dic
 
 
 # -- memory: the worker loop on 50,000 lines, scripted engine, RSS sampled in the child --
-def memory_child(lines: int) -> None:
+def memory_child(lines: int, target: str) -> None:
     import asyncio
     import threading
 
     import psutil
+    from sqlalchemy import select
 
     from app.config import Settings
     from app.db.session import session_factory, upgrade
@@ -270,7 +280,8 @@ def memory_child(lines: int) -> None:
         while True:
             await asyncio.sleep(0.5)
             with session_scope(settings) as session:
-                if session.get(Batch, batch_id).status == "completed":  # type: ignore[union-attr]
+                status = session.scalar(select(Batch.status).where(Batch.id == batch_id))
+                if status == "completed":
                     break
         elapsed = time.monotonic() - started
         stop.set()
@@ -281,27 +292,21 @@ def memory_child(lines: int) -> None:
     threading.Thread(target=sample, daemon=True).start()
     elapsed = asyncio.run(main())
     stop_sampling.set()
-    print(
-        json.dumps(
-            {
-                "lines": lines,
-                "seconds": elapsed,
-                "baseline": baseline,
-                "peak": max(samples, default=baseline),
-            }
-        )
-    )
+    peak = max(samples, default=baseline)
+    result = {"lines": lines, "seconds": elapsed, "baseline": baseline, "peak": peak}
+    Path(target).write_text(json.dumps(result))
 
 
-def run_memory(lines: int) -> dict[str, float]:
-    out = subprocess.run(
-        [sys.executable, __file__, "_memory", str(lines)],
+def run_memory(lines: int, work: Path) -> dict[str, float]:
+    target = work / "memory.result.json"
+    subprocess.run(
+        [sys.executable, __file__, "_memory", str(lines), str(target)],
         env=ENV,
         capture_output=True,
-        text=True,
         check=True,
     )
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    result: dict[str, float] = json.loads(target.read_text())
+    return result
 
 
 def row(name: str, result: dict[str, float], base: dict[str, float] | None = None) -> str:
@@ -358,7 +363,7 @@ def main() -> None:
     print(row("(c) overnight, dedup + prefix grouping", smart, raw_rep), flush=True)
 
     if not args.skip_memory:
-        mem = run_memory(args.memory_lines)
+        mem = run_memory(args.memory_lines, work)
         growth = (mem["peak"] - mem["baseline"]) / 1e6
         print(
             f"worker RSS on {mem['lines']} lines (scripted engine, real reader/writer/DB path): "
@@ -369,8 +374,8 @@ def main() -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "_raw":
-        raw_llm_child(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+        raw_llm_child(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5])
     elif len(sys.argv) > 1 and sys.argv[1] == "_memory":
-        memory_child(int(sys.argv[2]))
+        memory_child(int(sys.argv[2]), sys.argv[3])
     else:
         main()
