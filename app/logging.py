@@ -74,6 +74,24 @@ def configure_logging(level: str = "info", fmt: str = "json") -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
+class ResponseWatch:
+    """Wraps an ASGI `send` to learn the response's status; times the request."""
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.status = 500  # what the client gets if the app fails before answering
+        self.started = time.perf_counter()
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+        await self._send(message)
+
+    @property
+    def seconds(self) -> float:
+        return time.perf_counter() - self.started
+
+
 class AccessLogMiddleware:
     """Binds the request id to the logging context and logs one line per request."""
 
@@ -85,17 +103,9 @@ class AccessLogMiddleware:
             await self.app(scope, receive, send)
             return
         token = request_id_var.set(scope.get("state", {}).get("request_id"))
-        started = time.perf_counter()
-        status = 500
-
-        async def send_and_record(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
+        watch = ResponseWatch(send)
         try:
-            await self.app(scope, receive, send_and_record)
+            await self.app(scope, receive, watch.send)
         finally:
             path = scope.get("path", "")
             access_log.log(
@@ -103,12 +113,12 @@ class AccessLogMiddleware:
                 "%s %s %d",
                 scope.get("method"),
                 path,
-                status,
+                watch.status,
                 extra={
                     "method": scope.get("method"),
                     "path": path,
-                    "status": status,
-                    "duration_ms": round((time.perf_counter() - started) * 1000, 2),
+                    "status": watch.status,
+                    "duration_ms": round(watch.seconds * 1000, 2),
                 },
             )
             request_id_var.reset(token)

@@ -4,18 +4,18 @@ Reading the database makes the figures the same whichever API replica is scraped
 whichever worker did the work (no multi-process bookkeeping).
 """
 
-import time
 from collections.abc import Iterator
 
 from fastapi import APIRouter, FastAPI, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.config import Settings
 from app.db.models import BATCH_STATUSES
 from app.db.session import session_scope
+from app.logging import ResponseWatch
 from app.services import monitoring
 
 
@@ -106,22 +106,14 @@ class HttpMetricsMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        started = time.perf_counter()
-        status = 500
-
-        async def send_and_record(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
+        watch = ResponseWatch(send)
         try:
-            await self.app(scope, receive, send_and_record)
+            await self.app(scope, receive, watch.send)
         finally:
             route = scope.get("route")
             self.metrics.http_latency.labels(
-                scope.get("method", ""), getattr(route, "path", "unmatched"), str(status)
-            ).observe(time.perf_counter() - started)
+                scope.get("method", ""), getattr(route, "path", "unmatched"), str(watch.status)
+            ).observe(watch.seconds)
 
 
 router = APIRouter(include_in_schema=False)

@@ -127,6 +127,23 @@ def _batch_rows(
     return [views.batch_row(v, now) for v in found]
 
 
+def _project_options(session: Session) -> list[tuple[str, str]]:
+    return [(p.id, p.name) for p in monitoring.list_projects(session)]
+
+
+def _file_rows(session: Session, project: str, purpose: str) -> list[views.Row]:
+    found = monitoring.list_files(session, project_id=project or None, purpose=purpose or None)
+    return [views.file_row(f, name) for f, name in found]
+
+
+def _worker_rows(session: Session, lease: float) -> list[views.Row]:
+    return [views.worker_row(w) for w in monitoring.list_workers(session, lease)]
+
+
+def _key_rows(session: Session) -> list[views.Row]:
+    return [views.key_row(key_object(k, p)) for k, p in keys.list_keys(session)]
+
+
 @router.get("", response_class=HTMLResponse)
 def batches_page(
     request: Request,
@@ -142,8 +159,8 @@ def batches_page(
         session,
         "batches.html",
         rows=rows,
-        statuses=BATCH_STATUSES,
-        projects=monitoring.list_projects(session),
+        status_options=[(s, s) for s in BATCH_STATUSES],
+        project_options=_project_options(session),
         status=status,
         project=project,
     )
@@ -178,19 +195,14 @@ def files_page(
     project: str = "",
     purpose: str = "",
 ) -> Response:
-    rows = [
-        views.file_row(f, name)
-        for f, name in monitoring.list_files(
-            session, project_id=project or None, purpose=purpose or None
-        )
-    ]
+    rows = _file_rows(session, project, purpose)
     return _page(
         request,
         session,
         "files.html",
         rows=rows,
-        projects=monitoring.list_projects(session),
-        purposes=FILE_PURPOSES,
+        project_options=_project_options(session),
+        purpose_options=[(p, p) for p in FILE_PURPOSES],
         project=project,
         purpose=purpose,
     )
@@ -200,13 +212,13 @@ def files_page(
 def workers_page(
     request: Request, _login: PageLogin, session: SessionDep, settings: SettingsDep
 ) -> Response:
-    rows = [views.worker_row(w) for w in monitoring.list_workers(session, settings.lease_seconds)]
+    rows = _worker_rows(session, settings.lease_seconds)
     return _page(request, session, "workers.html", rows=rows)
 
 
 @router.get("/keys", response_class=HTMLResponse)
 def keys_page(request: Request, _login: PageLogin, session: SessionDep) -> Response:
-    rows = [views.key_row(key_object(k, p)) for k, p in keys.list_keys(session)]
+    rows = _key_rows(session)
     return _page(
         request, session, "keys.html", rows=rows, projects=monitoring.list_projects(session)
     )
@@ -268,7 +280,7 @@ def cancel(
 
 @router.get("/api/workers")
 def workers_feed(_login: ApiLogin, session: SessionDep, settings: SettingsDep) -> dict[str, Any]:
-    rows = [views.worker_row(w) for w in monitoring.list_workers(session, settings.lease_seconds)]
+    rows = _worker_rows(session, settings.lease_seconds)
     session.commit()
     return {"rows": rows}
 
@@ -277,19 +289,14 @@ def workers_feed(_login: ApiLogin, session: SessionDep, settings: SettingsDep) -
 def files_feed(
     _login: ApiLogin, session: SessionDep, project: str = "", purpose: str = ""
 ) -> dict[str, Any]:
-    rows = [
-        views.file_row(f, name)
-        for f, name in monitoring.list_files(
-            session, project_id=project or None, purpose=purpose or None
-        )
-    ]
+    rows = _file_rows(session, project, purpose)
     session.commit()
     return {"rows": rows}
 
 
 @router.get("/api/keys")
 def keys_feed(_login: ApiLogin, session: SessionDep) -> dict[str, Any]:
-    rows = [views.key_row(key_object(k, p)) for k, p in keys.list_keys(session)]
+    rows = _key_rows(session)
     session.commit()
     return {"rows": rows}
 
