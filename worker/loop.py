@@ -113,7 +113,10 @@ class Worker:
             for task in side:
                 task.cancel()
             await asyncio.gather(*side, return_exceptions=True)
-            await asyncio.to_thread(self._db, registry.stopped)
+            try:
+                await asyncio.to_thread(self._db, registry.stopped)
+            except Exception as exc:
+                log.warning("could not record the worker's stop: %s", exc)
         if self._fatal is not None:
             log.error("worker stopped: %s", self._fatal)
             return 1
@@ -142,7 +145,12 @@ class Worker:
                     self.settings.lease_seconds,
                 )
 
-        lease = await asyncio.to_thread(take)
+        try:
+            lease = await asyncio.to_thread(take)
+        except Exception as exc:
+            # The database may be back at the next poll; the heartbeat task judges an outage.
+            log.warning("claiming failed: %s", exc)
+            return False
         if lease is None:
             return False
         log.info("claimed shard %d of %s (epoch %d)", lease.index, lease.batch_id, lease.epoch)
