@@ -3,6 +3,8 @@
 import os
 import subprocess
 import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -12,7 +14,7 @@ import pytest
 from app.cli import check_bind_safety
 from app.config import Settings
 from app.db.session import session_scope, upgrade
-from app.services.auth import create_key
+from app.services.auth import create_key, ensure_project
 from tests.forms import Part, content_type, multipart
 from tests.harness import RunningServer
 from tests.spec import assert_error
@@ -126,3 +128,17 @@ def test_bind_safety(settings: Settings) -> None:
         check_bind_safety(settings.model_copy(update={"host": "0.0.0.0"}))
     make_key(settings, "ops")
     assert check_bind_safety(settings.model_copy(update={"host": "0.0.0.0"})) is None
+
+
+def test_first_requests_racing_create_one_project(settings: Settings) -> None:
+    upgrade(settings.sqlalchemy_url)
+    barrier = threading.Barrier(6)
+
+    def first_request() -> str:
+        barrier.wait()
+        with session_scope(settings) as session:
+            return ensure_project(session, "racy").id
+
+    with ThreadPoolExecutor(6) as pool:
+        ids = set(pool.map(lambda _: first_request(), range(6)))
+    assert len(ids) == 1

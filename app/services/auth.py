@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass
 
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.config import Settings
@@ -32,12 +33,18 @@ def hash_key(secret: str) -> str:
 
 
 def ensure_project(session: Session, name: str) -> Project:
-    project = session.scalar(select(Project).where(Project.name == name))
-    if project is None:
-        project = Project(id=new_id("proj_"), name=name, created_at=int(time.time()))
-        session.add(project)
-        session.flush()
-    return project
+    query = select(Project).where(Project.name == name)
+    project = session.scalar(query)
+    if project is not None:
+        return project
+    try:
+        # Two first requests may race to create the project (PostgreSQL): one wins.
+        with session.begin_nested():
+            project = Project(id=new_id("proj_"), name=name, created_at=int(time.time()))
+            session.add(project)
+        return project
+    except IntegrityError:
+        return session.scalars(query).one()
 
 
 def create_key(
