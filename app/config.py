@@ -68,7 +68,7 @@ class Settings(BaseSettings):
     # how fast a cancel or an expiry is noticed), how often an idle worker looks for work,
     # and how long SIGTERM lets in-flight requests finish before releasing their shards.
     worker_checkpoint_seconds: float = 0.5
-    worker_poll_seconds: float = 1.0
+    worker_poll_seconds: float = 0.25
     worker_drain_seconds: float = 10.0
 
     @model_validator(mode="after")

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -206,7 +207,21 @@ class Overnight:
             orjson.loads(raw)["response"]["body"]["usage"]["completion_tokens"]
             for raw in data.splitlines()
         )
-        return {"wall": done - self.started, "phase": done - started, "tokens": tokens}
+        return {
+            "wall": done - self.started,
+            "phase": done - started,
+            "tokens": tokens,
+            "engine": self.engine_seconds(),
+        }
+
+    def engine_seconds(self) -> float:
+        """From the first claim to the last shard done, by the worker's log."""
+        stamps = [
+            datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            for line in (self.data / "worker.log").read_text(errors="replace").splitlines()
+            if " overnight.worker INFO " in line and (" claimed shard " in line or ": done" in line)
+        ]
+        return max(stamps) - min(stamps) if stamps else float("nan")
 
     def close(self) -> None:
         for process in (self.worker, self.api):
@@ -348,8 +363,10 @@ def main() -> None:
     ours = run_overnight(model_dir, source, work)
     print(row("(c) overnight API + worker", ours, raw), flush=True)
     speed = ours["tokens"] / ours["phase"] / (raw["tokens"] / raw["phase"])
+    engine_speed = ours["tokens"] / ours["engine"] / (raw["tokens"] / raw["phase"])
     print(
-        f"(c)/(a) batch phase: {speed:.3f}   "
+        f"(c)/(a) batch phase, upload to download: {speed:.3f}; "
+        f"first claim to last shard done: {engine_speed:.3f}; "
         f"(b)/(c) wall clock: {vllm_batch['wall'] / ours['wall']:.3f}"
     )
 
