@@ -1,0 +1,6 @@
+"""The worker: runs batch requests on an embedded vLLM engine (`overnight worker`).
+
+claim (leases) → reader (shard input) → scheduler (in-flight window) → engine (vLLM) →
+writer (result chunks) → shard (checkpoints, cancel/expiry) → loop (the process) →
+the finaliser. `process` makes engine processes die with the worker.
+"""
