@@ -6,6 +6,7 @@ takeover with fencing, SIGTERM release, two workers on one batch.
 
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import openai
@@ -26,7 +27,7 @@ from tests.engine_fixtures import (
     wait_status,
     wait_until,
 )
-from tests.fake_engine import FakeEngine, ThreadedWorker, fast
+from tests.fake_engine import MODEL, FakeEngine, ThreadedWorker, fast
 from tests.harness import RunningServer, running_server
 from worker import claim
 from worker.engine import EngineDeadError, EngineResult
@@ -223,3 +224,23 @@ def test_a_dead_engine_stops_the_worker_and_frees_its_shard(
     [shard] = shards_of(server.settings, batch_id)
     assert shard.status == "pending" and shard.lease_owner is None
     assert shard.completed >= 2  # what finished before the engine died is kept
+
+
+def test_concurrent_claims_never_share_a_shard(
+    server: RunningServer, client: openai.OpenAI
+) -> None:
+    batch_id = start_batch(client, jsonl([chat_line(f"r{i}") for i in range(40)]))
+    wait_status(client, batch_id, "in_progress")
+
+    def take(n: int) -> claim.Lease | None:
+        with session_scope(server.settings) as session:
+            return claim.claim_shard(session, f"w{n}", [MODEL], 30.0)
+
+    with ThreadPoolExecutor(max_workers=10) as pool:
+        leases = list(pool.map(take, range(10)))
+    taken = [lease for lease in leases if lease is not None]
+    assert len(taken) == 8 and len({lease.shard_id for lease in taken}) == 8
+    assert {lease.epoch for lease in taken} == {1}
+    assert take(99) is None
+    with session_scope(server.settings) as session:
+        assert claim.claim_shard(session, "other-model", ["all-MiniLM-L6-v2"], 0.0) is None
