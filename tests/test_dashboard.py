@@ -207,3 +207,28 @@ def test_open_mode_needs_no_login(settings: Settings) -> None:
         assert made.status_code == 200 and "overnight_admin=" in made.headers["set-cookie"]
         assert http.get("/dashboard").status_code == 200
         assert httpx.get(server.url + "/dashboard").status_code == 303
+
+
+def test_validation_errors_show_with_line_numbers(
+    server: RunningServer, sdk: openai.OpenAI
+) -> None:
+    hostile = batch_sim.request_line("<script>alert('id')</script>")
+    data = batch_sim.jsonl([hostile, b'{"custom_id": <b>', hostile])
+    f = sdk.files.create(file=("bad.jsonl", data), purpose="batch")
+    batch = sdk.batches.create(
+        input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    deadline = time.monotonic() + 30
+    while (found := sdk.batches.retrieve(batch.id)).status != "failed":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert found.errors is not None
+    browser = logged_in(server)
+    detail = browser.get(f"/dashboard/api/batches/{batch.id}").json()
+    assert detail["has_errors"] is True
+    assert [e["line"] for e in detail["errors"]] == [str(e.line) for e in found.errors.data]
+    assert {"2", "3"} <= {e["line"] for e in detail["errors"]}
+    page = browser.get(f"/dashboard/batches/{batch.id}").text
+    for error in found.errors.data:
+        assert f'data-field="line">{error.line}</td>' in page
+    assert "<script>alert" not in page and "<b>" not in page.split("<main>")[1]
