@@ -222,13 +222,14 @@ def test_validation_errors_show_with_line_numbers(
     while (found := sdk.batches.retrieve(batch.id)).status != "failed":
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    assert found.errors is not None
+    assert found.errors is not None and found.errors.data
+    errors = found.errors.data
     browser = logged_in(server)
     detail = browser.get(f"/dashboard/api/batches/{batch.id}").json()
     assert detail["has_errors"] is True
-    assert [e["line"] for e in detail["errors"]] == [str(e.line) for e in found.errors.data]
+    assert [e["line"] for e in detail["errors"]] == [str(e.line) for e in errors]
     assert {"2", "3"} <= {e["line"] for e in detail["errors"]}
     page = browser.get(f"/dashboard/batches/{batch.id}").text
-    for error in found.errors.data:
+    for error in errors:
         assert f'data-field="line">{error.line}</td>' in page
     assert "<script>alert" not in page and "<b>" not in page.split("<main>")[1]

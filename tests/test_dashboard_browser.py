@@ -176,7 +176,12 @@ def test_batch_runs_live_and_downloads(
     assert alerts.alerts == []
 
     phone, phone_alerts = open_page(browser, server, width=390)
-    phone.context.add_cookies(page.context.cookies())
+    phone.context.add_cookies(
+        [
+            {"name": c["name"], "value": c["value"], "url": server.url}
+            for c in page.context.cookies()
+        ]
+    )
     for path, name in (("/dashboard", "batches"), (f"/dashboard/batches/{batch.id}", "batch")):
         phone.goto(server.url + path)
         expect(phone.locator("h1")).to_be_visible()

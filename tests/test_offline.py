@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -115,7 +115,7 @@ def test_real_engine_from_url_to_url(
     assert error["response"]["body"]["error"]["message"]
 
 
-def fake_worker(engine: FakeEngine):  # type: ignore[no-untyped-def]
+def fake_worker(engine: FakeEngine) -> Callable[[Any, str, list[str]], Awaitable[None]]:
     """Stands in for `offline._run_worker`: the real worker loop, a scripted engine."""
 
     async def run_worker(settings: Any, batch_id: str, engine_argv: list[str]) -> None:
