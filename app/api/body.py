@@ -29,9 +29,7 @@ async def read_json(request: Request, model: type[ModelT]) -> ModelT:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise validation_error(
-            [{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]
-        ) from None
+        raise validation_error([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]) from None
 
 
 def json_body_openapi(model: type[BaseModel]) -> dict[str, Any]:
