@@ -144,11 +144,8 @@ class Overnight:
 
         self.data = work / f"overnight-{len(list(work.glob('overnight-*')))}"
         self.port = free_port()
-        env = {
-            **ENV,
-            "OVERNIGHT_DATA_DIR": str(self.data),
-            "OVERNIGHT_HOUSEKEEPING_INTERVAL_SECONDS": "0.2",
-        }
+        # Default housekeeping: batch creation wakes the validator, the worker finalizes.
+        env = {**ENV, "OVERNIGHT_DATA_DIR": str(self.data)}
         self.started = time.monotonic()
         self.api = subprocess.Popen(
             [sys.executable, "-m", "app.cli", "api", "--port", str(self.port)],
@@ -198,7 +195,7 @@ class Overnight:
             input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
         )
         while batch.status not in ("completed", "failed", "expired", "cancelled"):
-            time.sleep(0.1)
+            time.sleep(0.25)
             batch = client.batches.retrieve(batch.id)
         assert batch.status == "completed", batch
         data = client.files.content(batch.output_file_id or "").content
@@ -344,6 +341,13 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--memory-lines", type=int, default=50_000)
     parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="runs of (a) and (c) in alternation; the best of each is shown (a shared "
+        "2-core machine is noisy)",
+    )
     args = parser.parse_args()
 
     from worker.models import ensure_converted
@@ -356,11 +360,15 @@ def main() -> None:
     )
     plain = chats(args.requests, repetitive=False)
     source = input_file(plain, args.max_tokens, work / "plain.jsonl")
-    raw = run_raw(model_dir, plain, args.max_tokens, work)
+    raws, ourses = [], []
+    for _ in range(args.rounds):
+        raws.append(run_raw(model_dir, plain, args.max_tokens, work))
+        ourses.append(run_overnight(model_dir, source, work))
+    raw = min(raws, key=lambda r: r["phase"])
+    ours = min(ourses, key=lambda r: r["phase"])
     print(row("(a) vLLM LLM.chat", raw, raw), flush=True)
     vllm_batch = run_vllm_batch(model_dir, source, work)
     print(row("(b) vLLM run_batch (wall incl. start)", vllm_batch), flush=True)
-    ours = run_overnight(model_dir, source, work)
     print(row("(c) overnight API + worker", ours, raw), flush=True)
     speed = ours["tokens"] / ours["phase"] / (raw["tokens"] / raw["phase"])
     engine_speed = ours["tokens"] / ours["engine"] / (raw["tokens"] / raw["phase"])
