@@ -51,10 +51,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--submission-log",
         help="append `batch_id line` for every request sent to the engine (for audits and tests)",
     )
+    ours.add_argument(
+        "--enable-log-stats",
+        dest="disable_log_stats",
+        action="store_false",
+        help="log vLLM's engine statistics (off by default: they cost throughput)",
+    )
     parser = BaseFrontendArgs.add_cli_args(parser)
     parser = AsyncEngineArgs.add_cli_args(parser)
-    # Batch bodies should carry cached_tokens as OpenAI's do.
-    parser.set_defaults(model=DEFAULT_MODEL, enable_prompt_tokens_details=True)
+    # Batch bodies should carry cached_tokens as OpenAI's do. Per-step engine statistics
+    # cost throughput and are off in vLLM's offline runner too (the worker reports tokens/s).
+    parser.set_defaults(
+        model=DEFAULT_MODEL, enable_prompt_tokens_details=True, disable_log_stats=True
+    )
     if _on_cpu():
         # torch.compile needs a C++ toolchain and minutes of start-up for a small gain on CPU.
         parser.set_defaults(enforce_eager=True)
