@@ -26,6 +26,7 @@ class ResolvedModel:
     path: str
     served_name: str | None = None
     runner: str | None = None
+    dtype: str | None = None
 
 
 class ModelNotFoundError(RuntimeError):
@@ -97,7 +98,11 @@ def resolve(source: str, data_dir: Path) -> ResolvedModel:
         return ResolvedModel(path=source)
     name = source.removeprefix(BUNDLED_PREFIX)
     if name == "smollm2":
-        return ResolvedModel(str(ensure_converted(data_dir)), "SmolLM2-135M-Instruct")
+        # A 135M model dequantized from 4 bits: bfloat16 arithmetic on top of that derails it
+        # ("What is the capital of France?" stops being answered with Paris); float32 does not.
+        return ResolvedModel(
+            str(ensure_converted(data_dir)), "SmolLM2-135M-Instruct", dtype="float32"
+        )
     if name == "minilm":
         return ResolvedModel(str(minilm_dir()), "all-MiniLM-L6-v2", runner="pooling")
     raise ModelNotFoundError(
