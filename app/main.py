@@ -13,11 +13,12 @@ from app.api.openapi import install_openapi
 from app.api.routes import admin, batches, files, health, models, uploads
 from app.config import Settings, get_settings
 from app.dashboard import install_dashboard
-from app.db.session import upgrade
+from app.db.session import session_scope, upgrade
 from app.errors import install_error_handlers
 from app.ids import new_request_id
 from app.logging import AccessLogMiddleware
 from app.metrics import install_metrics
+from app.services.auth import DEFAULT_PROJECT, ensure_project
 from app.services.housekeeping import housekeeping_loop
 
 log = logging.getLogger("overnight.api")
@@ -49,13 +50,20 @@ class RequestIdMiddleware:
         await self.app(scope, receive, send_with_id)
 
 
+def prepare_database(settings: Settings) -> None:
+    """Newest schema, and the open-mode project, so that reading requests never write."""
+    upgrade(settings.sqlalchemy_url)
+    with session_scope(settings) as session:
+        ensure_project(session, DEFAULT_PROJECT)
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
-        await asyncio.to_thread(upgrade, settings.sqlalchemy_url)
+        await asyncio.to_thread(prepare_database, settings)
         stop = asyncio.Event()
         tasks = [asyncio.create_task(loop(settings, stop)) for loop in BACKGROUND_LOOPS]
         try:

@@ -7,7 +7,7 @@ from fastapi import Depends, Header, Request
 from sqlalchemy.orm import Session
 
 from app.config import Settings
-from app.db.session import session_factory
+from app.db.session import read_session_factory, session_factory
 from app.errors import OpenAIError
 from app.services.auth import Principal, authenticate
 from app.storage import Storage, storage_for
@@ -21,8 +21,10 @@ def get_settings(request: Request) -> Settings:
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 
 
-def get_session(settings: SettingsDep) -> Iterator[Session]:
-    with session_factory(settings.sqlalchemy_url)() as session:
+def get_session(request: Request, settings: SettingsDep) -> Iterator[Session]:
+    reads_only = request.method in ("GET", "HEAD")
+    factory = read_session_factory if reads_only else session_factory
+    with factory(settings.sqlalchemy_url)() as session:
         yield session
 
 

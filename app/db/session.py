@@ -14,6 +14,8 @@ from sqlalchemy.orm import Session, sessionmaker
 import migrations
 from app.config import Settings
 
+READ_ONLY = "overnight_read_only"
+
 
 def _configure_sqlite(engine: Engine) -> None:
     @event.listens_for(engine, "connect")
@@ -31,7 +33,9 @@ def _configure_sqlite(engine: Engine) -> None:
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        # Readers need no lock in WAL mode: a read-only session begins deferred.
+        read_only = conn.get_execution_options().get(READ_ONLY, False)
+        conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
 
 def make_engine(url: str) -> Engine:
@@ -53,6 +57,13 @@ def engine_for(url: str) -> Engine:
 @lru_cache
 def session_factory(url: str) -> sessionmaker[Session]:
     return sessionmaker(engine_for(url), expire_on_commit=False)
+
+
+@lru_cache
+def read_session_factory(url: str) -> sessionmaker[Session]:
+    """Sessions for requests that only read: on SQLite they never wait for the write lock."""
+    read_only = engine_for(url).execution_options(**{READ_ONLY: True})
+    return sessionmaker(read_only, expire_on_commit=False)
 
 
 @contextmanager
