@@ -5,7 +5,7 @@ integer `seq` so that lists page in creation order with no ties.
 Timestamps shown to users are Unix seconds (int); lease clocks are float seconds.
 """
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, get_args
 
 from sqlalchemy import (
     JSON,
@@ -23,6 +23,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from app.schemas.batches import BatchStatus
+
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
     "uq": "uq_%(table_name)s_%(column_0_name)s",
@@ -31,16 +33,8 @@ NAMING_CONVENTION = {
     "pk": "pk_%(table_name)s",
 }
 
-BATCH_STATUSES = (
-    "validating",
-    "failed",
-    "in_progress",
-    "finalizing",
-    "completed",
-    "expired",
-    "cancelling",
-    "cancelled",
-)
+# The status values are OpenAI's, defined once with the wire schema.
+BATCH_STATUSES: tuple[str, ...] = get_args(BatchStatus)
 TERMINAL_BATCH_STATUSES = ("failed", "completed", "expired", "cancelled")
 SHARD_STATUSES = ("pending", "running", "done")
 UPLOAD_STATUSES = ("pending", "completed", "cancelled", "expired")
