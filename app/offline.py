@@ -29,6 +29,7 @@ from sqlalchemy import select, update
 from app.config import DEFAULT_MODELS, ServedModel, Settings
 from app.db.models import TERMINAL_BATCH_STATUSES, Batch, File, Shard
 from app.db.session import session_scope, upgrade
+from app.endpoints import SUPPORTED
 from app.errors import OpenAIError
 from app.schemas.batches import BatchObject, CreateBatchRequest
 from app.services import batches
@@ -40,7 +41,6 @@ from app.storage import Storage, storage_for
 from app.storage.base import READ_CHUNK, put
 from app.supervisor import CPU_KV_CACHE_GIB
 
-ENDPOINTS = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]
 STATE_FILE = "run-batch.json"
 OWNER = "run-batch"
 POLL_SECONDS = 0.5
@@ -104,11 +104,12 @@ def offline_settings(work_dir: Path, request: Request, model: str | None) -> Set
         _env_file=None,
         data_dir=work_dir,
         database_url=None,
+        storage_url=None,  # the work directory, whatever the environment says
         admin_key=None,
         max_file_bytes=1 << 50,
         max_batch_file_bytes=1 << 50,
         max_batch_requests=1 << 40,
-        models=[ServedModel(name=request.model, endpoints=ENDPOINTS, source=source)],
+        models=[ServedModel(name=request.model, endpoints=list(SUPPORTED), source=source)],
     )
 
 
@@ -289,7 +290,7 @@ def run(settings: Settings, state: State, engine_argv: list[str]) -> BatchObject
 
 
 def _file_chunks(settings: Settings, file_ids: Sequence[str | None]) -> Iterator[bytes]:
-    storage = storage_for(str(settings.storage_dir))
+    storage = storage_for(settings.storage_location, settings.s3_endpoint_url)
     for file_id in file_ids:
         if file_id is None:
             continue

@@ -1,15 +1,17 @@
 """Shared fixtures: every database test runs on SQLite and on PostgreSQL."""
 
 import os
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
+import boto3
 import httpx
 import openai
 import pytest
 
 from app.config import Settings
-from tests.harness import RunningServer, fresh_database, running_server
+from tests.harness import RunningServer, fresh_database, running_server, s3_server
 
 BACKENDS = ["sqlite", "postgresql"]
 
@@ -65,6 +67,26 @@ def http(server: RunningServer) -> Iterator[httpx.Client]:
     """Plain HTTP, as curl would call the API."""
     with httpx.Client(base_url=server.url, timeout=60) as c:
         yield c
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """The URL of an S3 server (moto) for the session; boto3 finds test credentials in env."""
+    with pytest.MonkeyPatch.context() as env, s3_server() as url:
+        for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL"):
+            env.delenv(name, raising=False)
+        env.setenv("AWS_ACCESS_KEY_ID", "testing")
+        env.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+        env.setenv("AWS_DEFAULT_REGION", "us-east-1")
+        yield url
+
+
+@pytest.fixture
+def s3_bucket(s3_endpoint: str) -> str:
+    """A new empty bucket on the session's S3 server."""
+    name = "overnight-test-" + secrets.token_hex(6)
+    boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket=name)
+    return name
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -10,7 +10,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from app.config import Settings
-from worker.engine import CHAT, EngineResult, Usage, error_result
+from app.endpoints import CHAT
+from app.usage import Usage
+from worker.engine import EngineResult, error_result
 from worker.loop import Worker, WorkerOptions
 
 MODEL = "SmolLM2-135M-Instruct"

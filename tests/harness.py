@@ -12,6 +12,7 @@ from pathlib import Path
 
 import psycopg
 import uvicorn
+from moto.server import ThreadedMotoServer
 
 from app.config import Settings
 from app.db.session import engine_for
@@ -79,3 +80,15 @@ def running_server(settings: Settings) -> Iterator[RunningServer]:
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+@contextmanager
+def s3_server() -> Iterator[str]:
+    """A real S3 protocol endpoint (moto) on a free loopback port; yields its URL."""
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=free_port(), verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()

@@ -228,8 +228,8 @@ def test_create_time_errors(
         "completion_window": "24h",
     }
     bad_cases: list[tuple[dict[str, Any], int, str | None, str]] = [
-        ({"endpoint": "/v1/responses"}, 400, "endpoint", "/v1/chat/completions, /v1/completions"),
-        ({"endpoint": "/v1/moderations"}, 400, "endpoint", "/v1/embeddings"),
+        ({"endpoint": "/v1/moderations"}, 400, "endpoint", "/v1/responses, /v1/chat/completions"),
+        ({"endpoint": "/v1/images/generations"}, 400, "endpoint", "/v1/embeddings"),
         ({"completion_window": "48h"}, 400, "completion_window", "'24h'"),
         ({"metadata": {f"k{i}": "v" for i in range(17)}}, 400, "metadata", "16"),
         ({"metadata": {"k" * 65: "v"}}, 400, "metadata", "64"),

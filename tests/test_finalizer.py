@@ -100,6 +100,9 @@ def test_first_result_per_line_wins_and_chunks_are_removed(db: Settings) -> None
     assert not any(line["response"]["body"].get("late") for line in output + errors)
     assert chunk_count(db, batch_id) == 0
     assert not any(storage.exists(k) for k in keys)
+    # The chart's series outlives the chunks: all 6 recorded lines, within one second here.
+    assert batch.throughput is not None
+    assert sum(rate for _t, rate in batch.throughput) == 6
 
 
 def _expire_shard_lease(settings: Settings, batch_id: str) -> None:

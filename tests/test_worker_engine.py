@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import openai
 import orjson
 import psutil
 import pytest
@@ -44,6 +45,7 @@ pytestmark = pytest.mark.engine
 
 COMPLETIONS = "/v1/completions"
 EMBEDDINGS = "/v1/embeddings"
+RESPONSES = "/v1/responses"
 MINILM = "all-MiniLM-L6-v2"
 
 REFERENCE_CHATS: list[dict[str, Any]] = [
@@ -215,6 +217,91 @@ def test_valid_and_invalid_requests_mixed(local: Deployment) -> None:
     assert by_id["logprobs"]["response"]["body"]["choices"][0]["logprobs"]["content"]
     content = by_id["json"]["response"]["body"]["choices"][0]["message"]["content"]
     assert isinstance(json.loads(content)["city"], str)
+
+
+def test_responses_batch(local: Deployment, reference: Callable[[], list[str]]) -> None:
+    question = REFERENCE_CHATS[0]["messages"][0]["content"]
+    greedy = {"model": MODEL, "temperature": 0, "max_output_tokens": 16}
+    lines = [
+        line("plain", RESPONSES, {**greedy, "input": question}),
+        line(
+            "items",
+            RESPONSES,
+            {**greedy, "input": [{"role": "user", "content": question}], "store": True},
+        ),
+        line(
+            "instructions",
+            RESPONSES,
+            {**greedy, "instructions": "Answer in French.", "input": question},
+        ),
+        line("background", RESPONSES, {**greedy, "input": question, "background": True}),
+    ]
+    with local.client() as client:
+        batch_id = start_batch(client, jsonl(lines), endpoint=RESPONSES)
+        batch = wait_status(client, batch_id, "completed", timeout=120)
+        by_id = results(client, batch)
+    assert batch.request_counts is not None
+    assert (batch.request_counts.completed, batch.request_counts.failed) == (3, 1)
+    answers = {}
+    for custom_id in ("plain", "items", "instructions"):
+        body = by_id[custom_id]["response"]["body"]
+        parsed = openai.types.responses.Response.model_validate(body)
+        assert parsed.object == "response" and parsed.usage is not None
+        if parsed.status != "completed":  # cut at max_output_tokens, as OpenAI reports it
+            assert parsed.status == "incomplete" and parsed.incomplete_details is not None
+            assert parsed.incomplete_details.reason == "max_output_tokens"
+            assert parsed.usage.output_tokens == 16
+        assert parsed.id.startswith("resp_") and parsed.model == MODEL
+        answers[custom_id] = parsed.output_text
+    # The same messages through /v1/responses and vLLM's own LLM.chat: the same greedy answer.
+    assert answers["plain"] == answers["items"] == reference()[0]
+    assert answers["instructions"] != answers["plain"]
+    refused = by_id["background"]["response"]
+    assert refused["status_code"] == 400 and refused["body"]["error"]["param"] == "background"
+    usages = [by_id[c]["response"]["body"]["usage"] for c in answers]
+    assert batch.usage is not None
+    assert batch.usage.input_tokens == sum(u["input_tokens"] for u in usages)
+    assert batch.usage.output_tokens == sum(u["output_tokens"] for u in usages) > 0
+
+
+def test_chat_tool_calls(local: Deployment) -> None:
+    weather = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The weather in a city today.",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+    forced = {"type": "function", "function": {"name": "get_weather"}}
+    lines = [
+        chat_line(
+            f"tool-{choice}",
+            "What is the weather in Paris today?",
+            max_tokens=40,
+            temperature=0,
+            tools=[weather],
+            tool_choice=forced if choice == "named" else choice,
+        )
+        for choice in ("named", "required", "none")
+    ]
+    with local.client() as client:
+        batch_id = start_batch(client, jsonl(lines))
+        batch = wait_status(client, batch_id, "completed", timeout=120)
+        by_id = results(client, batch)
+    for choice in ("named", "required"):
+        body = by_id[f"tool-{choice}"]["response"]["body"]
+        message = openai.types.chat.ChatCompletion.model_validate(body).choices[0].message
+        assert message.tool_calls, body
+        call = message.tool_calls[0]
+        assert call.type == "function" and call.function.name == "get_weather"
+        assert isinstance(json.loads(call.function.arguments)["city"], str)
+    plain = by_id["tool-none"]["response"]["body"]["choices"][0]["message"]
+    assert not plain.get("tool_calls") and plain["content"]
 
 
 def test_embeddings_batch(local: Deployment) -> None:

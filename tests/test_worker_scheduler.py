@@ -3,8 +3,9 @@
 import asyncio
 from typing import Any
 
+from app.endpoints import CHAT, EMBEDDINGS
 from tests.fake_engine import FakeEngine
-from worker.engine import CHAT, EMBEDDINGS, EngineResult
+from worker.engine import EngineResult
 from worker.scheduler import Job, Scheduler, dedup_key, prefix_key
 
 

@@ -14,17 +14,8 @@ from typing import Any, Protocol
 
 import orjson
 
-CHAT = "/v1/chat/completions"
-COMPLETIONS = "/v1/completions"
-EMBEDDINGS = "/v1/embeddings"
-
-
-@dataclass(frozen=True)
-class Usage:
-    input_tokens: int = 0
-    cached_tokens: int = 0
-    output_tokens: int = 0
-    reasoning_tokens: int = 0
+from app.endpoints import CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES
+from app.usage import Usage, usage_of
 
 
 @dataclass(frozen=True)
@@ -59,21 +50,6 @@ class EngineDeadError(RuntimeError):
     """The engine cannot answer any more: the worker must stop, not record failures."""
 
 
-def usage_of(body: dict[str, Any]) -> Usage:
-    """Token counts of a success body, as OpenAI's batch `usage` sums them."""
-    usage = body.get("usage")
-    if not isinstance(usage, dict):
-        return Usage()
-    prompt_details = usage.get("prompt_tokens_details") or {}
-    completion_details = usage.get("completion_tokens_details") or {}
-    return Usage(
-        input_tokens=int(usage.get("prompt_tokens") or 0),
-        cached_tokens=int(prompt_details.get("cached_tokens") or 0),
-        output_tokens=int(usage.get("completion_tokens") or 0),
-        reasoning_tokens=int(completion_details.get("reasoning_tokens") or 0),
-    )
-
-
 def error_result(
     status_code: int, message: str, param: str | None = None, code: str | None = None
 ) -> EngineResult:
@@ -93,14 +69,54 @@ def _from_vllm_error(error: Any) -> EngineResult:
     return error_result(int(info.code), info.message, info.param, code)
 
 
+@dataclass(frozen=True)
+class Route:
+    """How one endpoint's body reaches its vLLM serving object."""
+
+    validate: Callable[[Any], Any]
+    serve: Callable[..., Any]
+    # Our request id as the request's `request_id`, and as the id vLLM's engine then uses
+    # (needed to abort it): both are formats of the bare id.
+    request_id: str
+    engine_id: str
+
+
+def _routes(state: Any) -> dict[str, Route]:
+    from pydantic import TypeAdapter
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+    from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
+    from vllm.entrypoints.pooling.embed.protocol import EmbeddingRequest
+
+    chat = getattr(state, "openai_serving_chat", None)
+    completion = getattr(state, "openai_serving_completion", None)
+    responses = getattr(state, "openai_serving_responses", None)
+    embedding = getattr(state, "serving_embedding", None)
+    routes: dict[str, Route] = {}
+    if chat is not None:
+        routes[CHAT] = Route(
+            ChatCompletionRequest.model_validate, chat.create_chat_completion, "{}", "chatcmpl-{}"
+        )
+    if completion is not None:
+        routes[COMPLETIONS] = Route(
+            CompletionRequest.model_validate, completion.create_completion, "{}", "cmpl-{}"
+        )
+    if responses is not None:
+        # The response's `id` is its request_id; vLLM runs it as sub-request `_0`.
+        routes[RESPONSES] = Route(
+            ResponsesRequest.model_validate, responses.create_responses, "resp_{}", "resp_{}_0"
+        )
+    if embedding is not None:
+        routes[EMBEDDINGS] = Route(
+            TypeAdapter(EmbeddingRequest).validate_python, embedding, "{}", "embd-{}"
+        )
+    return routes
+
+
 class VllmEngine:
-    """vLLM's `AsyncLLM` with its chat, completion and embedding serving objects."""
+    """vLLM's `AsyncLLM` with its chat, completion, responses and embedding serving objects."""
 
     def __init__(self, engine_client: Any, state: Any, served_names: list[str]) -> None:
-        from pydantic import TypeAdapter
-        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
-        from vllm.entrypoints.openai.completion.protocol import CompletionRequest
-        from vllm.entrypoints.pooling.embed.protocol import EmbeddingRequest
         from vllm.entrypoints.serve.engine.protocol import ErrorResponse
         from vllm.v1.engine.exceptions import EngineDeadError as VllmEngineDead
 
@@ -110,55 +126,32 @@ class VllmEngine:
         self._running: dict[str, str] = {}
         self._error_type = ErrorResponse
         self._dead_type = VllmEngineDead
-        chat = getattr(state, "openai_serving_chat", None)
-        completion = getattr(state, "openai_serving_completion", None)
-        embedding = getattr(state, "serving_embedding", None)
-        self._handlers: dict[str, tuple[Callable[[Any], Any], Callable[..., Any], str]] = {}
-        if chat is not None:
-            self._handlers[CHAT] = (
-                ChatCompletionRequest.model_validate,
-                chat.create_chat_completion,
-                "chatcmpl-",
-            )
-        if completion is not None:
-            self._handlers[COMPLETIONS] = (
-                CompletionRequest.model_validate,
-                completion.create_completion,
-                "cmpl-",
-            )
-        if embedding is not None:
-            self._handlers[EMBEDDINGS] = (
-                TypeAdapter(EmbeddingRequest).validate_python,
-                embedding,
-                "embd-",
-            )
+        self._routes = _routes(state)
 
     @property
     def endpoints(self) -> list[str]:
-        return list(self._handlers)
+        return list(self._routes)
 
     async def run(self, endpoint: str, body: dict[str, Any], request_id: str) -> EngineResult:
         from starlette.responses import Response
 
-        handler = self._handlers.get(endpoint)
-        if handler is None:
+        route = self._routes.get(endpoint)
+        if route is None:
             return error_result(400, f"The model does not support the endpoint {endpoint}.", "url")
-        if body.get("stream"):
-            return error_result(
-                400,
-                "Streaming is not supported in batch requests: set 'stream' to false.",
-                "stream",
-            )
-        validate, serve, prefix = handler
+        for flag in ("stream", "background"):
+            if body.get(flag):
+                return error_result(
+                    400, f"'{flag}' is not supported in batch requests: set it to false.", flag
+                )
         try:
-            request = validate(body)
+            request = route.validate(body)
         except Exception as exc:
             return error_result(400, _validation_message(exc), _validation_param(exc))
         if "request_id" in type(request).model_fields:
-            request.request_id = request_id
-            self._running[request_id] = prefix + request_id
+            request.request_id = route.request_id.format(request_id)
+            self._running[request_id] = route.engine_id.format(request_id)
         try:
-            response = await serve(request)
+            response = await route.serve(request)
         except self._dead_type as exc:
             raise EngineDeadError(str(exc)) from exc
         except Exception as exc:
@@ -216,9 +209,10 @@ async def start_engine(args: Namespace) -> AsyncIterator[VllmEngine]:
     )
     from vllm.usage.usage_lib import UsageContext
 
-    async with build_async_engine_client(
-        args, usage_context=UsageContext.OPENAI_BATCH_RUNNER
-    ) as client:
+    # vLLM sizes its scheduler (max_num_seqs, max_num_batched_tokens) by usage context; a
+    # batch worker is offline throughput work, so it takes the sizes `LLM` gets, not the
+    # smaller ones of a latency-bound server. Flags the user sets still win.
+    async with build_async_engine_client(args, usage_context=UsageContext.LLM_CLASS) as client:
         supported_tasks = await client.get_supported_tasks()
         state = State()
         await init_app_state(client, state, args, supported_tasks)

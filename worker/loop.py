@@ -61,7 +61,7 @@ class Worker:
         self.settings = settings
         self.engine = engine
         self.options = options
-        self.storage = storage or storage_for(str(settings.storage_dir))
+        self.storage = storage or storage_for(settings.storage_location, settings.s3_endpoint_url)
         window = options.window or 2 * engine.max_num_seqs
         self.scheduler = Scheduler(
             engine,

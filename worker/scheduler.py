@@ -16,8 +16,9 @@ from typing import Any, Protocol
 
 import orjson
 
+from app.endpoints import CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES
 from app.ids import new_request_id
-from worker.engine import CHAT, COMPLETIONS, EMBEDDINGS, Engine, EngineResult
+from worker.engine import Engine, EngineResult
 
 log = logging.getLogger("overnight.worker")
 
@@ -81,25 +82,35 @@ def dedup_key(batch_id: str, endpoint: str, body: dict[str, Any]) -> bytes | Non
 def prefix_key(endpoint: str, body: dict[str, Any], chars: int = PREFIX_CHARS) -> Hashable:
     """A cheap stand-in for the rendered prompt's first `chars` characters."""
     if endpoint == CHAT:
-        messages = body.get("messages")
-        if not isinstance(messages, list):
-            return None
-        parts: list[str] = []
-        size = 0
-        for message in messages:
-            if not isinstance(message, dict):
-                break
-            content = message.get("content")
-            text = content if isinstance(content, str) else orjson.dumps(content).decode()
-            parts.append(f"{message.get('role')}:{text}")
-            size += len(parts[-1])
-            if size >= chars:
-                break
-        return "\n".join(parts)[:chars]
+        return _messages_prefix(body.get("messages"), chars)
+    if endpoint == RESPONSES:
+        # `instructions` become the system message, ahead of the input.
+        instructions = body.get("instructions")
+        messages = [{"role": "system", "content": instructions}] if instructions else []
+        given = body.get("input")
+        messages += [{"role": "user", "content": given}] if isinstance(given, str) else given or []
+        return _messages_prefix(messages, chars)
     if endpoint == COMPLETIONS:
         prompt = body.get("prompt")
         return prompt[:chars] if isinstance(prompt, str) else None
     return None
+
+
+def _messages_prefix(messages: object, chars: int) -> Hashable:
+    if not isinstance(messages, list):
+        return None
+    parts: list[str] = []
+    size = 0
+    for message in messages:
+        if not isinstance(message, dict):
+            break
+        content = message.get("content")
+        text = content if isinstance(content, str) else orjson.dumps(content).decode()
+        parts.append(f"{message.get('role')}:{text}")
+        size += len(parts[-1])
+        if size >= chars:
+            break
+    return "\n".join(parts)[:chars]
 
 
 class Scheduler:

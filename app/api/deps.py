@@ -32,7 +32,7 @@ SessionDep = Annotated[Session, Depends(get_session)]
 
 
 def get_storage(settings: SettingsDep) -> Storage:
-    return storage_for(str(settings.storage_dir))
+    return storage_for(settings.storage_location, settings.s3_endpoint_url)
 
 
 StorageDep = Annotated[Storage, Depends(get_storage)]

@@ -174,7 +174,8 @@ def _batch_detail(session: Session, batch_id: str, lease: float) -> views.Row:
     ids = [i for i in (b.input_file_id, b.output_file_id, b.error_file_id) if i]
     files = {f.id: f for f in session.scalars(select(File).where(File.id.in_(ids)))}
     detail = views.batch_detail(view, files, time.time())
-    detail["series"] = series = monitoring.throughput_series(session, batch_id)
+    series = b.throughput or monitoring.throughput_series(session, batch_id)
+    detail["series"] = series = [(t, rate) for t, rate in series]
     detail["chart_caption"] = views.chart_caption(series, view.batch.status)
     return detail
 

@@ -130,8 +130,7 @@ def batch_detail(view: BatchView, files: dict[str, File], now: float) -> Row:
 def chart_caption(series: list[tuple[float, float]], status: str) -> str:
     if not series:
         if status in ("completed", "cancelled", "expired", "failed"):
-            # The finaliser deletes the result chunks this chart is drawn from.
-            return "The throughput history is kept only while a batch runs."
+            return "No request ran in this batch."
         return "No results recorded yet."
     span = series[-1][0] - series[0][0]
     peak = max(rate for _t, rate in series)

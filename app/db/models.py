@@ -171,6 +171,8 @@ class Batch(Base):
     cached_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     output_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     reasoning_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    # `[unix time, requests/s]` points kept at the end: the result chunks they come from go.
+    throughput: Mapped[list[Any] | None] = mapped_column(JSON)
 
     # Lease for the batch-level steps (validation, finalisation).
     lease_owner: Mapped[str | None] = mapped_column(String(128))

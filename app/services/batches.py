@@ -9,6 +9,7 @@ from sqlalchemy.orm import Session
 
 from app.config import Settings
 from app.db.models import TERMINAL_BATCH_STATUSES, Batch, Shard
+from app.endpoints import SUPPORTED
 from app.errors import OpenAIError, not_found
 from app.ids import new_batch_id
 from app.schemas.batches import (
@@ -24,8 +25,6 @@ from app.schemas.common import ListObject
 from app.services.files import get_file
 from app.services.pagination import check_limit, paginate
 
-# What the worker executes; OpenAI's other batch endpoints are refused at create.
-SUPPORTED_ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 CANCELLABLE_STATUSES = ("validating", "in_progress", "finalizing")
 MAX_METADATA_PAIRS = 16
 MAX_METADATA_KEY_CHARS = 64
@@ -82,10 +81,10 @@ def create_batch(
 
 
 def _check_endpoint(endpoint: str) -> None:
-    if endpoint not in SUPPORTED_ENDPOINTS:
+    if endpoint not in SUPPORTED:
         raise OpenAIError(
             f"Invalid value for 'endpoint': '{endpoint}'. This server executes batches for "
-            f"{', '.join(SUPPORTED_ENDPOINTS)}.",
+            f"{', '.join(SUPPORTED)}.",
             param="endpoint",
             code="invalid_value",
         )

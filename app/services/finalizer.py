@@ -33,7 +33,9 @@ from app.services.batch_lease import Heartbeat, Lease
 from app.services.batches import Progress
 from app.services.files import create_file_from_storage, file_storage_key
 from app.services.jsonl import iter_lines
+from app.services.monitoring import throughput_series
 from app.storage import Storage, StoredObject, Writer, storage_for
+from app.usage import usage_of
 
 log = logging.getLogger("overnight.finalizer")
 
@@ -54,23 +56,11 @@ _UNRUN = {
 
 
 def _add_usage(tally: Progress, body: Any) -> None:
-    """Adds a success body's `usage` (chat, completions or embeddings shape) to `tally`."""
-    usage = body.get("usage") if isinstance(body, dict) else None
-    if not isinstance(usage, dict):
-        return
-    tally.input_tokens += _int(usage.get("prompt_tokens"))
-    tally.output_tokens += _int(usage.get("completion_tokens"))
-    tally.cached_tokens += _int(_get(usage, "prompt_tokens_details", "cached_tokens"))
-    tally.reasoning_tokens += _int(_get(usage, "completion_tokens_details", "reasoning_tokens"))
-
-
-def _get(mapping: dict[str, Any], outer: str, inner: str) -> Any:
-    details = mapping.get(outer)
-    return details.get(inner) if isinstance(details, dict) else None
-
-
-def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+    usage = usage_of(body)
+    tally.input_tokens += usage.input_tokens
+    tally.output_tokens += usage.output_tokens
+    tally.cached_tokens += usage.cached_tokens
+    tally.reasoning_tokens += usage.reasoning_tokens
 
 
 @dataclass
@@ -88,7 +78,7 @@ class Job:
 
 def finalize_ready_batches(settings: Settings, owner: str, storage: Storage | None = None) -> int:
     """Finalises every batch that is ready and not being finalised; returns how many ended."""
-    storage = storage or storage_for(str(settings.storage_dir))
+    storage = storage or storage_for(settings.storage_location, settings.s3_endpoint_url)
     finished = 0
     for batch_id, epoch in _candidates(settings):
         job = _claim(settings, batch_id, epoch, owner)
@@ -322,6 +312,7 @@ def _record(
             if obj is not None
         }
         _finish(batch, job.path, files, tally, now)
+        batch.throughput = [list(point) for point in throughput_series(session, batch_id)]
     return True
 
 

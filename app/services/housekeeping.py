@@ -24,11 +24,11 @@ from app.services.files import expire_files
 from app.services.finalizer import delete_leftover_chunks, finalize_ready_batches
 from app.services.uploads import expire_uploads
 from app.services.validation import validate_pending
-from app.storage import LocalStorage, storage_for
+from app.storage import storage_for
 
 log = logging.getLogger("overnight.housekeeping")
 
-# Storage temp files older than this belong to a writer that died.
+# Storage temp files (or open multipart uploads) older than this belong to a writer that died.
 STALE_TEMP_SECONDS = 24 * 3600
 
 VALIDATION, FINALISATION = "validation", "finalisation"
@@ -70,7 +70,7 @@ def _validate(settings: Settings, owner: str) -> None:
 
 def tidy(settings: Settings, owner: str) -> None:
     """One pass of everything but validation: finalise, expire uploads and files, sweep temp."""
-    storage = storage_for(str(settings.storage_dir))
+    storage = storage_for(settings.storage_location, settings.s3_endpoint_url)
     finalize_ready_batches(settings, owner, storage)
     delete_leftover_chunks(settings, storage)
     now = int(time.time())
@@ -78,8 +78,7 @@ def tidy(settings: Settings, owner: str) -> None:
         expire_uploads(session, storage, now)
     with session_scope(settings) as session:
         expire_files(session, storage, now)
-    if isinstance(storage, LocalStorage):
-        storage.sweep_temp(STALE_TEMP_SECONDS)
+    storage.sweep_temp(STALE_TEMP_SECONDS)
 
 
 async def housekeeping_loop(settings: Settings, stop: asyncio.Event) -> None:

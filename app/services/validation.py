@@ -389,7 +389,7 @@ def _apply(session: Any, batch: Batch, outcome: Outcome) -> None:
 
 def validate_pending(settings: Settings, owner: str, storage: Storage | None = None) -> int:
     """Validates every claimable `validating` batch; returns how many were finished."""
-    storage = storage or storage_for(str(settings.storage_dir))
+    storage = storage or storage_for(settings.storage_location, settings.s3_endpoint_url)
     done = 0
     while (claimed := claim_next(settings, owner)) is not None:
         lease, source = claimed

@@ -5,11 +5,21 @@ commits the whole object at once or nothing.
 """
 
 import hashlib
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
 READ_CHUNK = 1 << 20
+
+_SAFE_KEY = re.compile(r"^[A-Za-z0-9_\-][A-Za-z0-9_.\-/]*$")
+
+
+def check_key(key: str) -> str:
+    """The key itself if it is safe as a path and an object name, else `ValueError`."""
+    if not _SAFE_KEY.match(key) or ".." in key.split("/"):
+        raise ValueError(f"unsafe storage key: {key!r}")
+    return key
 
 
 @dataclass(frozen=True)
@@ -49,6 +59,10 @@ class Storage(Protocol):
 
     def delete(self, key: str) -> None:
         """Remove an object; a missing one is not an error."""
+        ...
+
+    def sweep_temp(self, older_than_seconds: float) -> int:
+        """Discard what writers that died left behind; returns how many leftovers went."""
         ...
 
 

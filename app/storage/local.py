@@ -1,14 +1,12 @@
 """Storage in a local directory: temp file + fsync + rename makes each write atomic."""
 
 import os
-import re
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from app.storage.base import READ_CHUNK, HashingCounter, StoredObject
-
-_SAFE_KEY = re.compile(r"^[A-Za-z0-9_\-][A-Za-z0-9_.\-/]*$")
+from app.storage.base import READ_CHUNK, HashingCounter, StoredObject, check_key
 
 
 class LocalWriter:
@@ -48,9 +46,7 @@ class LocalStorage:
         self.tmp_dir.mkdir(parents=True, exist_ok=True)
 
     def path(self, key: str) -> Path:
-        if not _SAFE_KEY.match(key) or ".." in key.split("/"):
-            raise ValueError(f"unsafe storage key: {key!r}")
-        return self.root / key
+        return self.root / check_key(key)
 
     def writer(self, key: str) -> LocalWriter:
         self.path(key)
@@ -90,8 +86,6 @@ class LocalStorage:
 
     def sweep_temp(self, older_than_seconds: float) -> int:
         """Remove temp files a crashed writer left behind."""
-        import time
-
         cutoff = time.time() - older_than_seconds
         removed = 0
         for path in self.tmp_dir.iterdir():

@@ -32,7 +32,7 @@ def _check_database(settings: Settings) -> None:
 
 
 def _check_storage(settings: Settings) -> None:
-    storage = storage_for(str(settings.storage_dir))
+    storage = storage_for(settings.storage_location, settings.s3_endpoint_url)
     key = f"health/probe-{secrets.token_hex(8)}"
     put(storage, key, [b"ok"])
     try:
