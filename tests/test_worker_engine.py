@@ -118,7 +118,9 @@ def local(
     smollm2: Path, reference: Callable[[], list[str]], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Deployment]:
     with deployment("sqlite", tmp_path_factory.mktemp("sqlite")) as running:
-        running.start_worker("chat-1", smollm2_args(smollm2))
+        # vLLM 0.32 serves any tool_choice but "none" only with these, as `vllm serve` does.
+        tools = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+        running.start_worker("chat-1", [*smollm2_args(smollm2), *tools])
         running.start_worker("minilm", ["--model", "bundled:minilm", "--enforce-eager"])
         running.workers["chat-1"].wait_ready()
         yield running
@@ -270,6 +272,7 @@ def test_chat_tool_calls(local: Deployment) -> None:
         "function": {
             "name": "get_weather",
             "description": "The weather in a city today.",
+            "strict": True,
             "parameters": {
                 "type": "object",
                 "properties": {"city": {"type": "string"}},
@@ -282,12 +285,12 @@ def test_chat_tool_calls(local: Deployment) -> None:
         chat_line(
             f"tool-{choice}",
             "What is the weather in Paris today?",
-            max_tokens=40,
+            max_tokens=60,
             temperature=0,
             tools=[weather],
             tool_choice=forced if choice == "named" else choice,
         )
-        for choice in ("named", "required", "none")
+        for choice in ("named", "required", "none", "auto")
     ]
     with local.client() as client:
         batch_id = start_batch(client, jsonl(lines))
@@ -295,13 +298,20 @@ def test_chat_tool_calls(local: Deployment) -> None:
         by_id = results(client, batch)
     for choice in ("named", "required"):
         body = by_id[f"tool-{choice}"]["response"]["body"]
+        assert by_id[f"tool-{choice}"]["response"]["status_code"] == 200, body
         message = openai.types.chat.ChatCompletion.model_validate(body).choices[0].message
         assert message.tool_calls, body
         call = message.tool_calls[0]
         assert call.type == "function" and call.function.name == "get_weather"
-        assert isinstance(json.loads(call.function.arguments)["city"], str)
+        # `strict` holds the arguments to the schema: an object, not any JSON value.
+        assert json.loads(call.function.arguments) == {"city": "Paris"}
     plain = by_id["tool-none"]["response"]["body"]["choices"][0]["message"]
     assert not plain.get("tool_calls") and plain["content"]
+    # With "auto" the model decides; either way the body is a valid chat completion.
+    auto = by_id["tool-auto"]["response"]
+    assert auto["status_code"] == 200
+    openai.types.chat.ChatCompletion.model_validate(auto["body"])
+    assert batch.request_counts is not None and batch.request_counts.completed == 4
 
 
 def test_embeddings_batch(local: Deployment) -> None:
