@@ -37,7 +37,7 @@ from app.services.auth import DEFAULT_PROJECT, ensure_project
 from app.services.files import create_file_from_storage, file_storage_key
 from app.services.finalizer import finalize_ready_batches
 from app.services.validation import validate_pending
-from app.storage import Storage, storage_for
+from app.storage import Storage, storage_for, storage_of
 from app.storage.base import READ_CHUNK, put
 from app.supervisor import CPU_KV_CACHE_GIB
 
@@ -290,7 +290,7 @@ def run(settings: Settings, state: State, engine_argv: list[str]) -> BatchObject
 
 
 def _file_chunks(settings: Settings, file_ids: Sequence[str | None]) -> Iterator[bytes]:
-    storage = storage_for(settings.storage_location, settings.s3_endpoint_url)
+    storage = storage_of(settings)
     for file_id in file_ids:
         if file_id is None:
             continue

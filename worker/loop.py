@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from app.config import Settings
 from app.db.session import session_scope
-from app.storage import Storage, storage_for
+from app.storage import Storage, storage_of
 from worker import claim, registry
 from worker.engine import Engine, EngineDeadError
 from worker.scheduler import Job, Scheduler
@@ -61,7 +61,7 @@ class Worker:
         self.settings = settings
         self.engine = engine
         self.options = options
-        self.storage = storage or storage_for(settings.storage_location, settings.s3_endpoint_url)
+        self.storage = storage or storage_of(settings)
         window = options.window or 2 * engine.max_num_seqs
         self.scheduler = Scheduler(
             engine,

@@ -10,7 +10,7 @@ from app.config import Settings
 from app.db.session import read_session_factory, session_factory
 from app.errors import OpenAIError
 from app.services.auth import Principal, authenticate
-from app.storage import Storage, storage_for
+from app.storage import Storage, storage_of
 
 
 def get_settings(request: Request) -> Settings:
@@ -32,7 +32,7 @@ SessionDep = Annotated[Session, Depends(get_session)]
 
 
 def get_storage(settings: SettingsDep) -> Storage:
-    return storage_for(settings.storage_location, settings.s3_endpoint_url)
+    return storage_of(settings)
 
 
 StorageDep = Annotated[Storage, Depends(get_storage)]

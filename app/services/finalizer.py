@@ -34,7 +34,7 @@ from app.services.batches import Progress
 from app.services.files import create_file_from_storage, file_storage_key
 from app.services.jsonl import iter_lines
 from app.services.monitoring import throughput_series
-from app.storage import Storage, StoredObject, Writer, storage_for
+from app.storage import Storage, StoredObject, Writer, storage_of
 from app.usage import usage_of
 
 log = logging.getLogger("overnight.finalizer")
@@ -78,7 +78,7 @@ class Job:
 
 def finalize_ready_batches(settings: Settings, owner: str, storage: Storage | None = None) -> int:
     """Finalises every batch that is ready and not being finalised; returns how many ended."""
-    storage = storage or storage_for(settings.storage_location, settings.s3_endpoint_url)
+    storage = storage or storage_of(settings)
     finished = 0
     for batch_id, epoch in _candidates(settings):
         job = _claim(settings, batch_id, epoch, owner)
@@ -312,7 +312,7 @@ def _record(
             if obj is not None
         }
         _finish(batch, job.path, files, tally, now)
-        batch.throughput = [list(point) for point in throughput_series(session, batch_id)]
+        batch.throughput = throughput_series(session, batch_id)
     return True
 
 

@@ -24,7 +24,7 @@ from app.services.files import expire_files
 from app.services.finalizer import delete_leftover_chunks, finalize_ready_batches
 from app.services.uploads import expire_uploads
 from app.services.validation import validate_pending
-from app.storage import storage_for
+from app.storage import storage_of
 
 log = logging.getLogger("overnight.housekeeping")
 
@@ -70,7 +70,7 @@ def _validate(settings: Settings, owner: str) -> None:
 
 def tidy(settings: Settings, owner: str) -> None:
     """One pass of everything but validation: finalise, expire uploads and files, sweep temp."""
-    storage = storage_for(settings.storage_location, settings.s3_endpoint_url)
+    storage = storage_of(settings)
     finalize_ready_batches(settings, owner, storage)
     delete_leftover_chunks(settings, storage)
     now = int(time.time())

@@ -24,7 +24,7 @@ from app.schemas.batches import BatchError
 from app.services import batch_lease
 from app.services.batch_lease import Heartbeat, Lease
 from app.services.jsonl import scan_lines
-from app.storage import Storage, storage_for
+from app.storage import Storage, storage_of
 
 log = logging.getLogger("overnight.validation")
 
@@ -389,7 +389,7 @@ def _apply(session: Any, batch: Batch, outcome: Outcome) -> None:
 
 def validate_pending(settings: Settings, owner: str, storage: Storage | None = None) -> int:
     """Validates every claimable `validating` batch; returns how many were finished."""
-    storage = storage or storage_for(settings.storage_location, settings.s3_endpoint_url)
+    storage = storage or storage_of(settings)
     done = 0
     while (claimed := claim_next(settings, owner)) is not None:
         lease, source = claimed

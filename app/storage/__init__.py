@@ -1,12 +1,24 @@
 """Byte storage behind one small interface: a local directory or an S3 bucket."""
 
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 from app.storage.base import Storage, StoredObject, Writer
 from app.storage.local import LocalStorage
 from app.storage.s3 import S3Storage
 
-__all__ = ["LocalStorage", "S3Storage", "Storage", "StoredObject", "Writer", "storage_for"]
+if TYPE_CHECKING:
+    from app.config import Settings
+
+__all__ = [
+    "LocalStorage",
+    "S3Storage",
+    "Storage",
+    "StoredObject",
+    "Writer",
+    "storage_for",
+    "storage_of",
+]
 
 
 @lru_cache
@@ -18,3 +30,8 @@ def storage_for(location: str, endpoint_url: str | None = None) -> Storage:
     if location.startswith("s3://"):
         return S3Storage.from_url(location, endpoint_url)
     return LocalStorage(location)
+
+
+def storage_of(settings: "Settings") -> Storage:
+    """The deployment's store, as its settings name it."""
+    return storage_for(settings.storage_location, settings.s3_endpoint_url)

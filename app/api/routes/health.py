@@ -11,7 +11,7 @@ from sqlalchemy import text
 from app.api.deps import SettingsDep
 from app.config import Settings
 from app.db.session import session_factory
-from app.storage import storage_for
+from app.storage import storage_of
 from app.storage.base import put
 
 log = logging.getLogger("overnight.health")
@@ -32,7 +32,7 @@ def _check_database(settings: Settings) -> None:
 
 
 def _check_storage(settings: Settings) -> None:
-    storage = storage_for(settings.storage_location, settings.s3_endpoint_url)
+    storage = storage_of(settings)
     key = f"health/probe-{secrets.token_hex(8)}"
     put(storage, key, [b"ok"])
     try:
