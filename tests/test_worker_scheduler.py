@@ -3,7 +3,7 @@
 import asyncio
 from typing import Any
 
-from app.endpoints import CHAT, EMBEDDINGS
+from app.endpoints import CHAT, EMBEDDINGS, RESPONSES
 from tests.fake_engine import FakeEngine
 from worker.engine import EngineResult
 from worker.scheduler import Job, Scheduler, dedup_key, prefix_key
@@ -65,6 +65,17 @@ def test_shared_prefixes_run_together() -> None:
 
     order = asyncio.run(scenario())
     assert order == ["warm-up", "q1", "q3", "q5", "q7", "q2", "q4", "q6", "q8"]
+
+
+def test_responses_prefixes_and_malformed_inputs() -> None:
+    text = prefix_key(RESPONSES, {"instructions": "Be brief.", "input": "Hi"})
+    items = prefix_key(
+        RESPONSES, {"instructions": "Be brief.", "input": [{"role": "user", "content": "Hi"}]}
+    )
+    assert text == items == "system:Be brief.\nuser:Hi"
+    # Lines the engine will refuse must not break the scheduler before they get there.
+    for bad in (5, {"role": "user"}, None, True):
+        assert prefix_key(RESPONSES, {"input": bad}) == ""
 
 
 def test_grouping_off_keeps_input_order() -> None:

@@ -88,8 +88,11 @@ def prefix_key(endpoint: str, body: dict[str, Any], chars: int = PREFIX_CHARS) -
         instructions = body.get("instructions")
         messages = [{"role": "system", "content": instructions}] if instructions else []
         given = body.get("input")
-        messages += [{"role": "user", "content": given}] if isinstance(given, str) else given or []
-        return _messages_prefix(messages, chars)
+        if isinstance(given, str):
+            messages.append({"role": "user", "content": given})
+        elif isinstance(given, list):
+            messages += given
+        return _messages_prefix(messages, chars)  # a bad `input` is the engine's 400 to give
     if endpoint == COMPLETIONS:
         prompt = body.get("prompt")
         return prompt[:chars] if isinstance(prompt, str) else None
