@@ -1,25 +1,34 @@
-"""Throughput of the worker against vLLM's own offline paths, and its memory on a big batch.
+"""Throughput of overnight against vLLM's own offline paths, and the worker's memory.
 
-    .venv/bin/python bench/bench_worker.py [--requests 512] [--max-tokens 64] [--skip-memory]
+    .venv/bin/python bench/bench_worker.py [--requests 512] [--max-tokens 64] [--rounds 3]
+        [--dtype auto] [--skip-repetition] [--skip-memory]
 
-Same generated input, model (the bundled SmolLM2) and engine settings for every runner:
-  (a) raw vLLM `LLM.chat`, (b) `python -m vllm.entrypoints.openai.run_batch`,
-  (c) overnight end to end (API + worker subprocesses: upload → completed → download);
-then a realistic-repetition input (one shared system prompt, a quarter exact duplicates)
-through (a) and through overnight with and without prefix grouping + dedup; then the
-worker's RSS on a 50,000-line batch, run by the real worker loop with a scripted engine
-(a real engine at ~300 tokens/s would need hours for it).
+Same generated input and model (the bundled SmolLM2, converted once) for every runner:
+  (a) raw vLLM `LLM.chat`,
+  (b) `python -m vllm.entrypoints.openai.run_batch`,
+  (c) overnight tuned: `overnight api` + one `overnight worker` with the same engine flags as (a),
+  (d) overnight as shipped: `overnight serve` on a fresh data directory, every default as a
+      newcomer gets it (both bundled workers, vLLM's default dtype, the default model length),
+      after a 2-request warm-up batch.
+Each round runs (a)-(d) in turn; the best and median rounds are compared. The dtype and flags
+of every runner are printed, and every runner's greedy texts are compared with (a)'s: the
+speed ratios only mean something when they ran the same numbers and made the same tokens.
+Then a realistic-repetition input (shared system prompt, a quarter exact duplicates) through
+(a) and (c) with and without prefix grouping + dedup, and the worker's RSS on a 50,000-line
+batch with a scripted engine (a real one at ~800 tokens/s would need an hour for it).
 """
 
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from datetime import datetime
+from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import median
 from typing import Any
@@ -30,14 +39,33 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 MODEL = "SmolLM2-135M-Instruct"
-ENGINE = {"enforce_eager": True, "max_model_len": 2048}
-ENGINE_ARGS = ["--enforce-eager", "--max-model-len", "2048"]
+MAX_MODEL_LEN = 2048
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "2"}
+TERMINAL = ("completed", "failed", "expired", "cancelled")
 SYSTEM = (
     "You are a careful assistant for a travel company. Answer in one short paragraph, "
     "mention prices in euros, never invent opening hours, and always suggest one nearby "
     "alternative. Keep a friendly, professional tone and avoid lists. "
 ) * 3
+
+
+@dataclass
+class Result:
+    """One runner's run: seconds, generated tokens, greedy texts in input order."""
+
+    runner: str
+    flags: str
+    dtype: str
+    wall: float
+    phase: float
+    tokens: int
+    texts: list[str]
+    running: float = float("nan")  # in_progress -> finalizing, as the Batch object shows it
+    cpu: dict[str, float] = field(default_factory=dict)  # process -> share of one core
+
+    @property
+    def rate(self) -> float:
+        return self.tokens / self.phase
 
 
 def chats(n: int, repetitive: bool) -> list[list[dict[str, str]]]:
@@ -59,198 +87,308 @@ def input_file(messages: list[list[dict[str, str]]], max_tokens: int, path: Path
     with open(path, "wb") as f:
         for i, m in enumerate(messages):
             body = {"model": MODEL, "messages": m, "max_tokens": max_tokens, "temperature": 0}
-            line = {
-                "custom_id": f"r{i}",
-                "method": "POST",
-                "url": "/v1/chat/completions",
-                "body": body,
-            }
-            f.write(orjson.dumps(line) + b"\n")
+            line = {"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions"}
+            f.write(orjson.dumps({**line, "body": body}) + b"\n")
     return path
 
 
+def texts_of(output: bytes, count: int) -> tuple[list[str], int]:
+    """Greedy texts in input order (`r{i}` ids) and the generated tokens of an output file."""
+    texts, tokens = [""] * count, 0
+    for raw in output.splitlines():
+        line = orjson.loads(raw)
+        body = line["response"]["body"]
+        texts[int(line["custom_id"][1:])] = body["choices"][0]["message"]["content"]
+        tokens += body["usage"]["completion_tokens"]
+    return texts, tokens
+
+
+def engine_flags(dtype: str) -> list[str]:
+    flags = ["--enforce-eager", "--max-model-len", str(MAX_MODEL_LEN)]
+    return flags if dtype == "auto" else [*flags, "--dtype", dtype]
+
+
+def logged_dtype(log: str) -> str:
+    """The dtype vLLM's engine reports in its configuration line."""
+    found = re.findall(r"model='[^']*SmolLM2[^']*'.*?dtype=torch\.(\w+)", log)
+    return found[-1] if found else "?"
+
+
 # -- (a) raw LLM.chat, in a child process so that each runner starts cold --
-def raw_llm_child(model_dir: str, source: str, max_tokens: int, target: str) -> None:
+def raw_llm_child(model_dir: str, source: str, max_tokens: int, target: str, dtype: str) -> None:
     from vllm import LLM, SamplingParams
 
     started = time.monotonic()
-    llm = LLM(model=model_dir, **ENGINE)
+    llm = LLM(model=model_dir, dtype=dtype, enforce_eager=True, max_model_len=MAX_MODEL_LEN)
     ready = time.monotonic()
     messages = json.loads(Path(source).read_text())
-    outputs = llm.chat(
-        messages, SamplingParams(temperature=0, max_tokens=max_tokens), use_tqdm=False
-    )
+    params = SamplingParams(temperature=0, max_tokens=max_tokens)
+    outputs = llm.chat(messages, params, use_tqdm=False)
     done = time.monotonic()
-    tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
-    result = {"wall": done - started, "phase": done - ready, "tokens": tokens}
+    result = {
+        "wall": done - started,
+        "phase": done - ready,
+        "tokens": sum(len(o.outputs[0].token_ids) for o in outputs),
+        "texts": [o.outputs[0].text for o in outputs],
+        "dtype": str(llm.llm_engine.model_config.dtype).removeprefix("torch."),
+    }
     Path(target).write_text(json.dumps(result))
 
 
-def run_raw(model_dir: Path, messages: list[Any], max_tokens: int, work: Path) -> dict[str, float]:
+def run_raw(
+    model_dir: Path, messages: list[Any], max_tokens: int, work: Path, dtype: str
+) -> Result:
     source, target = work / "raw.json", work / "raw.result.json"
     source.write_text(json.dumps(messages))
-    subprocess.run(
-        [
-            sys.executable,
-            __file__,
-            "_raw",
-            str(model_dir),
-            str(source),
-            str(max_tokens),
-            str(target),
-        ],
-        env=ENV,
-        capture_output=True,
-        check=True,
+    child = [sys.executable, __file__, "_raw", str(model_dir), str(source), str(max_tokens)]
+    subprocess.run([*child, str(target), dtype], env=ENV, capture_output=True, check=True)
+    got = json.loads(target.read_text())
+    flags = f"LLM(dtype={dtype!r}, enforce_eager=True, max_model_len={MAX_MODEL_LEN}).chat"
+    return Result(
+        "(a) vLLM LLM.chat",
+        flags,
+        got["dtype"],
+        got["wall"],
+        got["phase"],
+        got["tokens"],
+        texts=got["texts"],
     )
-    result: dict[str, float] = json.loads(target.read_text())
-    return result
 
 
-# -- (b) vLLM's run_batch --
-def run_vllm_batch(model_dir: Path, source: Path, work: Path) -> dict[str, float]:
+# -- (b) vLLM's run_batch: its batch phase is timed by its own log lines, read as they come --
+def run_vllm_batch(model_dir: Path, source: Path, work: Path, dtype: str, count: int) -> Result:
     target = work / "run_batch.out.jsonl"
+    flags = [*engine_flags(dtype), "--served-model-name", MODEL]
+    command = [sys.executable, "-m", "vllm.entrypoints.openai.run_batch", "-i", str(source)]
+    command += ["-o", str(target), "--model", str(model_dir), *flags]
     started = time.monotonic()
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "vllm.entrypoints.openai.run_batch",
-            "-i",
-            str(source),
-            "-o",
-            str(target),
-            "--model",
-            str(model_dir),
-            "--served-model-name",
-            MODEL,
-            *ENGINE_ARGS,
-        ],
-        env=ENV,
-        capture_output=True,
-        check=True,
-    )
+    process = subprocess.Popen(command, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert process.stdout is not None
+    stamps: dict[str, float] = {}
+    log: list[str] = []
+    for raw in process.stdout:
+        text = raw.decode(errors="replace")
+        log.append(text)
+        for mark in ("Reading batch from", "Writing outputs to"):
+            if mark in text:
+                stamps.setdefault(mark, time.monotonic())
+    assert process.wait() == 0, "".join(log[-30:])
     wall = time.monotonic() - started
-    tokens = sum(
-        orjson.loads(raw)["response"]["body"]["usage"]["completion_tokens"]
-        for raw in target.read_bytes().splitlines()
-    )
-    return {"wall": wall, "phase": float("nan"), "tokens": tokens}
+    phase = stamps["Writing outputs to"] - stamps["Reading batch from"]
+    texts, tokens = texts_of(target.read_bytes(), count)
+    dtype_seen = logged_dtype("".join(log))
+    return Result("(b) vLLM run_batch", " ".join(flags), dtype_seen, wall, phase, tokens, texts)
 
 
-# -- (c) overnight: API + worker subprocesses --
-class Overnight:
-    def __init__(self, model_dir: Path, work: Path, *worker_flags: str) -> None:
-        from tests.harness import free_port
+# -- (c) and (d): overnight deployments in subprocesses, driven through the SDK --
+class CpuMeter:
+    """CPU time of a process and its descendants, grouped by what they are, over a window."""
 
-        self.data = work / f"overnight-{len(list(work.glob('overnight-*')))}"
-        self.port = free_port()
-        # Default housekeeping: batch creation wakes the validator, the worker finalizes.
-        env = {**ENV, "OVERNIGHT_DATA_DIR": str(self.data)}
+    def __init__(self, roots: dict[str, int]) -> None:
+        import psutil
+
+        self.groups: dict[str, list[Any]] = {}
+        for name, pid in roots.items():
+            root = psutil.Process(pid)
+            self.groups[f"{name} (own process)"] = [root]
+            self.groups[f"{name} (its vLLM engine processes)"] = root.children(recursive=True)
         self.started = time.monotonic()
-        self.api = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "api", "--port", str(self.port)],
+        self.before = self._seconds()
+
+    def _seconds(self) -> dict[str, float]:
+        import psutil
+
+        totals = {}
+        for name, processes in self.groups.items():
+            total = 0.0
+            for p in processes:
+                try:
+                    times = p.cpu_times()
+                    total += times.user + times.system
+                except psutil.NoSuchProcess:
+                    pass
+            totals[name] = total
+        return totals
+
+    def shares(self) -> dict[str, float]:
+        elapsed = time.monotonic() - self.started
+        after = self._seconds()
+        return {
+            name: (after[name] - self.before[name]) / elapsed
+            for name in self.groups
+            if self.groups[name]
+        }
+
+
+@dataclass
+class BatchRun:
+    wall_to_download: float
+    running: float
+    output: bytes
+    cpu: dict[str, float]
+
+
+def run_batch_through_sdk(port: int, source: Path, roots: dict[str, int]) -> BatchRun:
+    """Upload, create, poll every 0.1 s until terminal, download; CPU over in_progress."""
+    import openai
+
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=5)
+    started = time.monotonic()
+    file_id = client.files.create(
+        file=(source.name, source.read_bytes(), "application/jsonl"), purpose="batch"
+    ).id
+    batch = client.batches.create(
+        input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    seen: dict[str, float] = {}
+    meter: CpuMeter | None = None
+    cpu: dict[str, float] = {}
+    while batch.status not in TERMINAL:
+        time.sleep(0.1)
+        batch = client.batches.retrieve(batch.id)
+        if batch.status not in seen:
+            seen[batch.status] = time.monotonic()
+            if batch.status == "in_progress":
+                meter = CpuMeter(roots)
+            elif meter is not None and batch.status in ("finalizing", "completed"):
+                cpu = meter.shares()
+    assert batch.status == "completed", batch
+    output = client.files.content(batch.output_file_id or "").content
+    done = time.monotonic()
+    end = seen.get("finalizing", seen["completed"])
+    return BatchRun(done - started, end - seen.get("in_progress", started), output, cpu)
+
+
+def wait_for_line(path: Path, mark: bytes, times: int, process: subprocess.Popen[bytes]) -> None:
+    while path.read_bytes().count(mark) < times:
+        assert process.poll() is None, path.read_text(errors="replace")[-3000:]
+        time.sleep(0.2)
+
+
+def stop(*processes: subprocess.Popen[bytes]) -> None:
+    for process in processes:
+        process.send_signal(signal.SIGTERM)
+    for process in processes:
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def run_tuned(
+    model_dir: Path, source: Path, work: Path, dtype: str, count: int, *worker_flags: str
+) -> Result:
+    """(c): `overnight api` + `overnight worker` with (a)'s engine flags."""
+    from tests.harness import free_port
+
+    data = Path(tempfile.mkdtemp(prefix="tuned-", dir=work))
+    port = free_port()
+    env = {**ENV, "OVERNIGHT_DATA_DIR": str(data)}
+    log = data / "worker.log"
+    started = time.monotonic()
+    api = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "api", "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=REPO,
+    )
+    flags = [*engine_flags(dtype), *worker_flags]
+    command = [sys.executable, "-m", "app.cli", "worker", "--model", str(model_dir)]
+    with open(log, "wb") as log_file:
+        worker = subprocess.Popen(
+            [*command, "--served-model-name", MODEL, *flags],
             env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            cwd=REPO,
-        )
-        self.data.mkdir(parents=True, exist_ok=True)
-        self.worker_log = open(self.data / "worker.log", "wb")  # noqa: SIM115
-        self.worker = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "app.cli",
-                "worker",
-                "--model",
-                str(model_dir),
-                "--served-model-name",
-                MODEL,
-                *ENGINE_ARGS,
-                *worker_flags,
-            ],
-            env=env,
-            stdout=self.worker_log,
+            stdout=log_file,
             stderr=subprocess.STDOUT,
             cwd=REPO,
         )
-
-    def wait_ready(self) -> None:
-        log = self.data / "worker.log"
-        while b"overnight: worker" not in log.read_bytes():
-            assert self.worker.poll() is None, log.read_text()[-3000:]
-            time.sleep(0.2)
-
-    def run(self, source: Path) -> dict[str, float]:
-        import openai
-
-        client = openai.OpenAI(
-            base_url=f"http://127.0.0.1:{self.port}/v1", api_key="x", max_retries=5
-        )
-        started = time.monotonic()
-        file_id = client.files.create(
-            file=(source.name, source.read_bytes(), "application/jsonl"), purpose="batch"
-        ).id
-        batch = client.batches.create(
-            input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
-        )
-        while batch.status not in ("completed", "failed", "expired", "cancelled"):
-            time.sleep(0.25)
-            batch = client.batches.retrieve(batch.id)
-        assert batch.status == "completed", batch
-        data = client.files.content(batch.output_file_id or "").content
-        done = time.monotonic()
-        tokens = sum(
-            orjson.loads(raw)["response"]["body"]["usage"]["completion_tokens"]
-            for raw in data.splitlines()
-        )
-        return {
-            "wall": done - self.started,
-            "phase": done - started,
-            "tokens": tokens,
-            "engine": self.engine_seconds(),
-        }
-
-    def engine_seconds(self) -> float:
-        """From the first claim to the last shard done, by the worker's log."""
-        stamps = [
-            datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
-            for line in (self.data / "worker.log").read_text(errors="replace").splitlines()
-            if " overnight.worker INFO " in line and (" claimed shard " in line or ": done" in line)
-        ]
-        return max(stamps) - min(stamps) if stamps else float("nan")
-
-    def close(self) -> None:
-        for process in (self.worker, self.api):
-            process.send_signal(signal.SIGTERM)
-        for process in (self.worker, self.api):
-            try:
-                process.wait(60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-        self.worker_log.close()
-
-
-def run_overnight(model_dir: Path, source: Path, work: Path, *flags: str) -> dict[str, float]:
-    deployment = Overnight(model_dir, work, *flags)
     try:
-        deployment.wait_ready()
-        return deployment.run(source)
+        wait_for_line(log, b"overnight: worker", 1, worker)
+        run = run_batch_through_sdk(port, source, {"api": api.pid, "worker": worker.pid})
     finally:
-        deployment.close()
+        stop(worker, api)
+    texts, tokens = texts_of(run.output, count)
+    name = "(c) overnight tuned: api + worker" + (
+        f" {' '.join(worker_flags)}" if worker_flags else ""
+    )
+    return Result(
+        name,
+        " ".join(flags),
+        logged_dtype(log.read_text(errors="replace")),
+        wall=time.monotonic() - started,
+        phase=run.wall_to_download,
+        tokens=tokens,
+        texts=texts,
+        running=run.running,
+        cpu=run.cpu,
+    )
+
+
+def serve_children(pid: int) -> dict[str, int]:
+    """`overnight serve`'s children by role: `api`, `worker NAME`."""
+    import psutil
+
+    roles = {}
+    for child in psutil.Process(pid).children():
+        words = child.cmdline()
+        role = "api" if "api" in words else f"worker {words[words.index('--model') + 1]}"
+        roles[role] = child.pid
+    return roles
+
+
+def run_shipped(model_dir: Path, source: Path, work: Path, count: int) -> Result:
+    """(d): `overnight serve` exactly as a newcomer starts it, on a fresh data directory."""
+    from tests.harness import free_port
+
+    data = Path(tempfile.mkdtemp(prefix="shipped-", dir=work))
+    # The converted model is reused: the first start's one-off conversion is not the subject.
+    (data / "models").mkdir()
+    (data / "models" / model_dir.name).symlink_to(model_dir)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OVERNIGHT_", "VLLM_"))}
+    port = free_port()
+    log = data / "serve.log"
+    started = time.monotonic()
+    command = [sys.executable, "-m", "app.cli", "serve", "--port", str(port)]
+    with open(log, "wb") as log_file:
+        serve = subprocess.Popen(
+            [*command, "--data-dir", str(data)],
+            env=env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+        )
+    try:
+        wait_for_line(log, b"overnight: worker", 2, serve)
+        warm_up = input_file(chats(2, repetitive=False), 8, work / "warm-up.jsonl")
+        run_batch_through_sdk(port, warm_up, {})
+        run = run_batch_through_sdk(port, source, serve_children(serve.pid))
+    finally:
+        stop(serve)
+    texts, tokens = texts_of(run.output, count)
+    return Result(
+        "(d) overnight as shipped: serve",
+        "(every default)",
+        logged_dtype(log.read_text(errors="replace")),
+        wall=time.monotonic() - started,
+        phase=run.wall_to_download,
+        tokens=tokens,
+        texts=texts,
+        running=run.running,
+        cpu=run.cpu,
+    )
 
 
 # -- memory: the worker loop on 50,000 lines, scripted engine, RSS sampled in the child --
 def memory_child(lines: int, target: str) -> None:
     import asyncio
-    import threading
 
     import psutil
     from sqlalchemy import select
 
     from app.config import Settings
-    from app.db.session import session_factory, upgrade
+    from app.db.models import Batch
+    from app.db.session import session_factory, session_scope, upgrade
     from app.schemas.batches import CreateBatchRequest
     from app.services import batches
     from app.services.auth import DEFAULT_PROJECT, ensure_project
@@ -287,9 +425,6 @@ def memory_child(lines: int, target: str) -> None:
         )
         task = asyncio.create_task(worker.run(stop))
         started = time.monotonic()
-        from app.db.models import Batch
-        from app.db.session import session_scope
-
         while True:
             await asyncio.sleep(0.5)
             with session_scope(settings) as session:
@@ -322,18 +457,55 @@ def run_memory(lines: int, work: Path) -> dict[str, float]:
     return result
 
 
-def row(name: str, result: dict[str, float], base: dict[str, float] | None = None) -> str:
-    phase_rate = (
-        result["tokens"] / result["phase"] if result["phase"] == result["phase"] else float("nan")
-    )
-    wall_rate = result["tokens"] / result["wall"]
-    ratio = ""
-    if base is not None:
-        ratio = f"{phase_rate / (base['tokens'] / base['phase']):6.2f}x"
+# -- report --
+HEADER = (
+    f"{'runner':<46} {'dtype':<9} {'tokens':>7} {'batch s':>8} {'tok/s':>8} "
+    f"{'running s':>9} {'wall s':>7} {'vs (a)':>7}  same texts as (a)"
+)
+
+
+def row(result: Result, base: Result) -> str:
+    same = sum(x == y for x, y in zip(result.texts, base.texts, strict=True))
+    texts = f"{same}/{len(base.texts)}" + ("" if same == len(base.texts) else "  (DIFFER)")
     return (
-        f"{name:<44} {result['tokens']:>7.0f} {result['phase']:>8.1f} {phase_rate:>9.1f} "
-        f"{result['wall']:>8.1f} {wall_rate:>9.1f} {ratio:>7}"
+        f"{result.runner:<46} {result.dtype:<9} {result.tokens:>7} {result.phase:>8.1f} "
+        f"{result.rate:>8.1f} {result.running:>9.1f} {result.wall:>7.1f} "
+        f"{result.rate / base.rate:>6.3f}x  {texts}"
     )
+
+
+def best(results: list[Result]) -> Result:
+    return min(results, key=lambda r: r.phase)
+
+
+def report(runs: dict[str, list[Result]]) -> None:
+    raw = best(runs["a"])
+    print(HEADER)
+    for key in "abcd":
+        print(row(best(runs[key]), raw), flush=True)
+    for key in "abcd":
+        first = runs[key][0]
+        print(f"  {first.runner}: flags {first.flags}")
+        spread = ", ".join(f"{r.phase:.1f}/{r.running:.1f}/{r.wall:.1f}" for r in runs[key])
+        print(f"    every round (batch s / running s / wall s): {spread}")
+    for key in "cd":
+        for name, share in best(runs[key]).cpu.items():
+            print(
+                f"  {best(runs[key]).runner} CPU while running: {name} {share * 100:.0f}% of a core"
+            )
+    raw_median = median(r.phase for r in runs["a"])
+    for key in "cd":
+        ours = best(runs[key])
+        median_ratio = raw_median / median(r.phase for r in runs[key])
+        running_ratio = raw.phase / ours.running
+        print(
+            f"{ours.runner} / (a), batch phase upload to download: {ours.rate / raw.rate:.3f} "
+            f"best vs best, {median_ratio:.3f} median vs median; in_progress to finalizing: "
+            f"{running_ratio:.3f}; (b)'s batch phase / its in_progress to finalizing: "
+            f"{best(runs['b']).phase / ours.running:.3f}"
+        )
+    if any(best(runs[k]).dtype != raw.dtype for k in "bcd"):
+        print("NOTE: the runners did not all run in the same dtype: their ratios compare dtypes")
 
 
 def main() -> None:
@@ -342,12 +514,17 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--memory-lines", type=int, default=50_000)
     parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument("--skip-repetition", action="store_true")
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        help="dtype of (a), (b) and (c); (d) is the shipped default whatever this says",
+    )
     parser.add_argument(
         "--rounds",
         type=int,
         default=3,
-        help="rounds of (a), (b) and (c) in turn; the best of each is shown (a shared "
-        "2-core machine is noisy)",
+        help="rounds of (a)-(d) in turn; best and median shown (a shared 2-core machine is noisy)",
     )
     args = parser.parse_args()
 
@@ -355,48 +532,27 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="overnight-bench-"))
     model_dir = ensure_converted(work)
-    print(
-        f"{'runner':<44} {'tokens':>7} {'batch s':>8} {'tok/s':>9} "
-        f"{'wall s':>8} {'wall t/s':>9} {'vs (a)':>7}"
-    )
-    plain = chats(args.requests, repetitive=False)
+    n = args.requests
+    plain = chats(n, repetitive=False)
     source = input_file(plain, args.max_tokens, work / "plain.jsonl")
-    runs: dict[str, list[dict[str, float]]] = {"raw": [], "run_batch": [], "ours": []}
+    runs: dict[str, list[Result]] = {key: [] for key in "abcd"}
     for _ in range(args.rounds):
-        runs["raw"].append(run_raw(model_dir, plain, args.max_tokens, work))
-        runs["run_batch"].append(run_vllm_batch(model_dir, source, work))
-        runs["ours"].append(run_overnight(model_dir, source, work))
-    raw = min(runs["raw"], key=lambda r: r["phase"])
-    vllm_batch = min(runs["run_batch"], key=lambda r: r["wall"])
-    ours = min(runs["ours"], key=lambda r: r["phase"])
-    ours_wall = min(r["wall"] for r in runs["ours"])
-    print(row("(a) vLLM LLM.chat", raw, raw), flush=True)
-    print(row("(b) vLLM run_batch (wall incl. start)", vllm_batch), flush=True)
-    print(row("(c) overnight API + worker", ours, raw), flush=True)
-    speed = ours["tokens"] / ours["phase"] / (raw["tokens"] / raw["phase"])
-    engine_speed = ours["tokens"] / ours["engine"] / (raw["tokens"] / raw["phase"])
-    median_speed = median(r["phase"] for r in runs["raw"]) / median(
-        r["phase"] for r in runs["ours"]
-    )
-    print(
-        f"(c)/(a) batch phase, upload to download: {speed:.3f} best vs best, "
-        f"{median_speed:.3f} median vs median; first claim to last shard done: "
-        f"{engine_speed:.3f}\n"
-        f"(b)/(c) wall clock: {vllm_batch['wall'] / ours['phase']:.3f} with overnight running "
-        f"(upload to download), {vllm_batch['wall'] / ours_wall:.3f} counting its own start"
-    )
-    for name, results in runs.items():
-        spread = ", ".join(f"{r['phase']:.1f}/{r['wall']:.1f}" for r in results)
-        print(f"  every round of {name} (batch phase s / wall s): {spread}")
+        runs["a"].append(run_raw(model_dir, plain, args.max_tokens, work, args.dtype))
+        runs["b"].append(run_vllm_batch(model_dir, source, work, args.dtype, n))
+        runs["c"].append(run_tuned(model_dir, source, work, args.dtype, n))
+        runs["d"].append(run_shipped(model_dir, source, work, n))
+    report(runs)
 
-    repeated = chats(args.requests, repetitive=True)
-    source = input_file(repeated, args.max_tokens, work / "repeated.jsonl")
-    raw_rep = run_raw(model_dir, repeated, args.max_tokens, work)
-    print(row("(a) LLM.chat, shared prefix + 25% duplicates", raw_rep, raw_rep), flush=True)
-    plain_rep = run_overnight(model_dir, source, work, "--no-dedup", "--no-prefix-grouping")
-    print(row("(c) overnight, no dedup / no grouping", plain_rep, raw_rep), flush=True)
-    smart = run_overnight(model_dir, source, work)
-    print(row("(c) overnight, dedup + prefix grouping", smart, raw_rep), flush=True)
+    if not args.skip_repetition:
+        repeated = chats(n, repetitive=True)
+        source = input_file(repeated, args.max_tokens, work / "repeated.jsonl")
+        raw_rep = run_raw(model_dir, repeated, args.max_tokens, work, args.dtype)
+        raw_rep.runner = "(a) LLM.chat, shared prefix + 25% duplicates"
+        print(HEADER)
+        print(row(raw_rep, raw_rep), flush=True)
+        flags = ("--no-dedup", "--no-prefix-grouping")
+        print(row(run_tuned(model_dir, source, work, args.dtype, n, *flags), raw_rep), flush=True)
+        print(row(run_tuned(model_dir, source, work, args.dtype, n), raw_rep), flush=True)
 
     if not args.skip_memory:
         mem = run_memory(args.memory_lines, work)
@@ -410,7 +566,7 @@ def main() -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "_raw":
-        raw_llm_child(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5])
+        raw_llm_child(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], sys.argv[6])
     elif len(sys.argv) > 1 and sys.argv[1] == "_memory":
         memory_child(int(sys.argv[2]), sys.argv[3])
     else:

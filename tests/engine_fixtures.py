@@ -110,7 +110,7 @@ def shards_of(settings: Settings, batch_id: str) -> list[Shard]:
 
 # -- Real engines: one deployment (database + API server + worker processes) per session --
 
-ENGINE_ARGS = ["--enforce-eager", "--max-model-len", "2048", "--dtype", "float32"]
+ENGINE_ARGS = ["--enforce-eager", "--max-model-len", "2048"]
 ENGINE_ENV = {
     "VLLM_CPU_KVCACHE_SPACE": "1",
     "HF_HUB_OFFLINE": "1",

@@ -13,7 +13,7 @@ def main(model: str, source: str, target: str) -> None:
 
     with open(source) as f:
         chats = json.load(f)
-    llm = LLM(model=model, enforce_eager=True, max_model_len=2048, dtype="float32")
+    llm = LLM(model=model, enforce_eager=True, max_model_len=2048)
     params = [
         SamplingParams(temperature=0, max_tokens=c["max_tokens"], stop=c.get("stop")) for c in chats
     ]

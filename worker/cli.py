@@ -93,8 +93,6 @@ def prepare_args(args: argparse.Namespace, settings: Settings) -> argparse.Names
     args.model = resolved.path
     if resolved.runner and getattr(args, "runner", "auto") == "auto":
         args.runner = resolved.runner
-    if resolved.dtype and args.dtype == "auto":
-        args.dtype = resolved.dtype
     if args.tokenizer is None and Path(resolved.path).is_dir():
         args.tokenizer = resolved.path
     return args
