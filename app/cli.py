@@ -2,7 +2,6 @@
 
 import argparse
 import ipaddress
-import os
 import socket
 import sys
 from collections.abc import Callable, Sequence
@@ -176,7 +175,6 @@ def cmd_models_prepare(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra and args.command not in ("worker", "run-batch"):

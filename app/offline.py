@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from sqlalchemy import select, update
 
-from app.config import DEFAULT_MODELS, ServedModel, Settings
+from app.config import ServedModel, Settings
 from app.db.models import TERMINAL_BATCH_STATUSES, Batch, File, Shard
 from app.db.session import session_scope, upgrade
 from app.endpoints import SUPPORTED
@@ -40,6 +40,7 @@ from app.services.validation import validate_pending
 from app.storage import Storage, storage_for, storage_of
 from app.storage.base import READ_CHUNK, put
 from app.supervisor import CPU_KV_CACHE_GIB
+from worker.models import source_of, unavailable
 
 STATE_FILE = "run-batch.json"
 OWNER = "run-batch"
@@ -98,8 +99,7 @@ def default_work_dir(source: str) -> Path:
 
 def offline_settings(work_dir: Path, request: Request, model: str | None) -> Settings:
     """A private deployment: no limits a single file could hit, one served model."""
-    bundled = {m.name: m.source for m in DEFAULT_MODELS}
-    source = model or bundled.get(request.model, request.model)
+    source = source_of(model or request.model)
     return Settings(  # type: ignore[call-arg]
         _env_file=None,
         data_dir=work_dir,
@@ -280,7 +280,12 @@ def run(settings: Settings, state: State, engine_argv: list[str]) -> BatchObject
     take_over(settings, state.batch_id)
     validate_pending(settings, OWNER)
     if batch_row(settings, state.batch_id).status == "in_progress":
-        asyncio.run(_run_worker(settings, state.batch_id, engine_argv))
+        try:
+            asyncio.run(_run_worker(settings, state.batch_id, engine_argv))
+        except Exception as exc:
+            if (reason := unavailable(exc, settings.models[0].source)) is None:
+                raise
+            raise OfflineError(str(reason)) from None
     # The worker finalises when it finishes a shard; this covers a batch already done.
     finalize_ready_batches(settings, OWNER)
     return batch_row(settings, state.batch_id)
@@ -340,7 +345,6 @@ def _report_failure(batch: BatchObject) -> str:
 
 def main(args: argparse.Namespace, engine_argv: list[str]) -> int:
     """`overnight run-batch`; returns the exit code."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     # As under `serve`: a fixed KV cache, not 92% of the machine's memory (CPU engines).
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KV_CACHE_GIB)
     started = time.monotonic()

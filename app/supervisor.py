@@ -161,7 +161,6 @@ def children_for(settings: Settings, models: Sequence[str]) -> list[Child]:
         "VLLM_CPU_KVCACHE_SPACE": CPU_KV_CACHE_GIB,
         **os.environ,
         "OVERNIGHT_DATA_DIR": data_dir,
-        "HF_HUB_OFFLINE": "1",
     }
     api = Child(
         "api",

@@ -118,26 +118,46 @@ ENGINE_ENV = {
 }
 
 
+def child_env(changes: dict[str, str | None]) -> dict[str, str]:
+    """This process's environment with `changes`; None unsets, as on a machine without it."""
+    environ = {**os.environ}
+    for key, value in changes.items():
+        if value is None:
+            environ.pop(key, None)
+        else:
+            environ[key] = value
+    return environ
+
+
 class WorkerProcess:
     """`overnight worker` in a subprocess, with its log and its submission log."""
 
-    def __init__(self, settings: Settings, name: str, model_args: list[str]) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        name: str,
+        model_args: list[str],
+        env: dict[str, str | None] | None = None,
+    ) -> None:
         self.settings = settings
         self.name = name
         self.log_path = settings.data_dir / f"{name}.log"
         self.submissions_path = settings.data_dir / f"{name}.submissions"
-        env = {
-            **os.environ,
-            **ENGINE_ENV,
-            "OVERNIGHT_DATABASE_URL": settings.sqlalchemy_url,
-            "OVERNIGHT_DATA_DIR": str(settings.data_dir),
-            "OVERNIGHT_LEASE_SECONDS": str(settings.lease_seconds),
-        }
-        command = [sys.executable, "-m", "app.cli", "worker", "--worker-id", name]
-        command += ["--submission-log", str(self.submissions_path), *model_args]
+        environ = child_env(
+            {
+                **ENGINE_ENV,
+                "OVERNIGHT_DATABASE_URL": settings.sqlalchemy_url,
+                "OVERNIGHT_DATA_DIR": str(settings.data_dir),
+                "OVERNIGHT_LEASE_SECONDS": str(settings.lease_seconds),
+                **(env or {}),
+            }
+        )
+        # The model arguments first: a bare model id is taken there, as by `vllm serve`.
+        command = [sys.executable, "-m", "app.cli", "worker", *model_args, "--worker-id", name]
+        command += ["--submission-log", str(self.submissions_path)]
         with open(self.log_path, "ab") as log_file:
             self.process = subprocess.Popen(
-                command, env=env, stdout=log_file, stderr=subprocess.STDOUT, cwd=REPO
+                command, env=environ, stdout=log_file, stderr=subprocess.STDOUT, cwd=REPO
             )
 
     def wait_ready(self, timeout: float = 300) -> None:
@@ -192,14 +212,16 @@ class Deployment:
             _strict_response_validation=True,
         )
 
-    def start_worker(self, name: str, model_args: list[str]) -> WorkerProcess:
-        worker = WorkerProcess(self.settings, name, model_args)
+    def start_worker(
+        self, name: str, model_args: list[str], env: dict[str, str | None] | None = None
+    ) -> WorkerProcess:
+        worker = WorkerProcess(self.settings, name, model_args, env)
         self.workers[name] = worker
         return worker
 
 
 @contextmanager
-def deployment(backend: str, data_dir: Path) -> Iterator[Deployment]:
+def deployment(backend: str, data_dir: Path, **overrides: Any) -> Iterator[Deployment]:
     data_dir.mkdir(parents=True, exist_ok=True)
     with fresh_database(backend, data_dir) as url:
         settings = Settings(  # type: ignore[call-arg]
@@ -209,6 +231,7 @@ def deployment(backend: str, data_dir: Path) -> Iterator[Deployment]:
             lease_seconds=6.0,
             housekeeping_interval_seconds=0.5,
             _env_file=None,
+            **overrides,
         )
         with running_server(settings) as server:
             running = Deployment(server.settings, server)

@@ -1,69 +1,91 @@
-"""`overnight worker`: every vLLM engine argument passes through to the engine.
+"""`overnight worker [MODEL] [options]`: the model first, as `vllm serve MODEL` takes it.
 
-The parser is vLLM's own (`FlexibleArgumentParser` + `AsyncEngineArgs.add_cli_args` and the
-OpenAI frontend's arguments), with a few of ours in an `overnight` group.
+overnight's own options are parsed here, without importing vLLM (so `--help` is quick);
+every other argument goes to vLLM's own parser (`FlexibleArgumentParser` with
+`AsyncEngineArgs.add_cli_args` and the OpenAI frontend's arguments).
 """
 
 import argparse
 import logging
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from app.config import Settings
-from worker.models import BUNDLED_PREFIX, resolve
+from worker.models import (
+    BUNDLED_NAMES,
+    ModelNotFoundError,
+    is_bundled,
+    resolve,
+    source_of,
+    stay_offline_for,
+    unavailable,
+)
 
 DEFAULT_MODEL = "bundled:smollm2"
+VLLM_HELP = (
+    "Every vLLM engine argument is accepted too (--tensor-parallel-size, --max-model-len, "
+    "--dtype, ...): `overnight worker --help=all` lists them, --help=<group> shows one "
+    "group (e.g. --help=ModelConfig), --help=<word> searches them."
+)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.entrypoints.launchers.cli_args import BaseFrontendArgs
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-    parser = FlexibleArgumentParser(
+def own_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
         prog="overnight worker",
-        description="Run batch requests on an embedded vLLM engine. "
-        "Every vLLM engine argument is accepted (see below).",
+        usage="overnight worker [MODEL] [options] [vLLM engine arguments]",
+        description="Run batch requests on an embedded vLLM engine.",
+        epilog=VLLM_HELP,
+        allow_abbrev=False,  # a prefix of one of vLLM's flags must reach vLLM
     )
-    ours = parser.add_argument_group("overnight")
-    ours.add_argument("--data-dir", help="the deployment's data directory (OVERNIGHT_DATA_DIR)")
-    ours.add_argument("--worker-id", help="a stable name for this worker (default: host:pid)")
-    ours.add_argument(
+    bundled = ", ".join(BUNDLED_NAMES)
+    parser.add_argument(
+        "--model",
+        help="what to serve (or give it first, without --model): a model of OVERNIGHT_MODELS, "
+        f"a bundled model ({bundled}), a local folder or a Hugging Face id, downloaded into "
+        "the Hugging Face cache; default: SmolLM2-135M-Instruct",
+    )
+    parser.add_argument("--data-dir", help="the deployment's data directory (OVERNIGHT_DATA_DIR)")
+    parser.add_argument("--worker-id", help="a stable name for this worker (default: host:pid)")
+    parser.add_argument(
         "--window",
         type=int,
         help="requests kept in flight in the engine (default: 2 x --max-num-seqs)",
     )
-    ours.add_argument(
+    parser.add_argument(
         "--no-dedup",
         dest="dedup",
         action="store_false",
-        help="run identical deterministic requests once each instead of once in all",
+        help="run every request, even an identical deterministic one (default: each runs once)",
     )
-    ours.add_argument(
+    parser.add_argument(
         "--no-prefix-grouping",
         dest="prefix_grouping",
         action="store_false",
-        help="submit requests in input order instead of grouping shared prompt prefixes",
+        help="submit requests in input order (default: grouped by shared prompt prefix)",
     )
-    ours.add_argument(
+    parser.add_argument(
         "--submission-log",
-        help="append `batch_id line` for every request sent to the engine (for audits and tests)",
+        help="append `batch_id line` for every request sent to the engine (audits, tests)",
     )
-    ours.add_argument(
+    parser.add_argument(
         "--enable-log-stats",
-        dest="disable_log_stats",
-        action="store_false",
-        help="log vLLM's engine statistics (off by default: they cost throughput)",
+        action="store_true",
+        help="log vLLM's engine statistics (default: off, they cost throughput)",
     )
+    return parser
+
+
+def vllm_parser() -> argparse.ArgumentParser:
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.launchers.cli_args import BaseFrontendArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser(prog="overnight worker", epilog=VLLM_HELP)
     parser = BaseFrontendArgs.add_cli_args(parser)
     parser = AsyncEngineArgs.add_cli_args(parser)
-    # Batch bodies should carry cached_tokens as OpenAI's do. Per-step engine statistics
-    # cost throughput and are off in vLLM's offline runner too (the worker reports tokens/s).
-    parser.set_defaults(
-        model=DEFAULT_MODEL, enable_prompt_tokens_details=True, disable_log_stats=True
-    )
+    # Batch bodies should carry cached_tokens as OpenAI's do.
+    parser.set_defaults(enable_prompt_tokens_details=True)
     if _on_cpu():
         # torch.compile needs a C++ toolchain and minutes of start-up for a small gain on CPU.
         parser.set_defaults(enforce_eager=True)
@@ -76,17 +98,18 @@ def _on_cpu() -> bool:
     return bool(current_platform.is_cpu())
 
 
-def model_source(model: str, settings: Settings) -> str:
-    """`--model` may name a served model of the settings (`all-MiniLM-L6-v2`)."""
-    served = settings.served_model(model)
-    return served.source if served and served.source else model
+def split_model(argv: Sequence[str]) -> tuple[str | None, list[str]]:
+    """A first argument that is not an option is the model (`vllm serve MODEL …`)."""
+    if argv and not argv[0].startswith("-"):
+        return argv[0], list(argv[1:])
+    return None, list(argv)
 
 
 def prepare_args(args: argparse.Namespace, settings: Settings) -> argparse.Namespace:
     """Resolve bundled models and fill the served name the deployment expects."""
-    source = model_source(args.model, settings)
+    source = source_of(args.model, settings.models)
     resolved = resolve(source, settings.data_dir)
-    named = source.startswith(BUNDLED_PREFIX) or source != args.model
+    named = is_bundled(source) or source != args.model
     if named and not args.served_model_name:
         served = settings.served_model(args.model)
         args.served_model_name = [served.name if served else resolved.served_name]
@@ -99,10 +122,23 @@ def prepare_args(args: argparse.Namespace, settings: Settings) -> argparse.Names
 
 
 def parse(argv: Sequence[str] | None, settings: Settings) -> tuple[argparse.Namespace, Settings]:
-    args = build_parser().parse_args(list(argv) if argv is not None else None)
-    if args.data_dir:
-        settings = settings.model_copy(update={"data_dir": Path(args.data_dir)})
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    """overnight's options and vLLM's in one namespace, the model resolved."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if any(arg.startswith("--help=") for arg in argv):
+        vllm_parser().parse_args(argv)  # vLLM prints the help asked for and exits
+    positional, argv = split_model(argv)
+    ours, rest = own_parser().parse_known_args(argv)
+    if positional and ours.model and positional != ours.model:
+        raise SystemExit(f"overnight worker: two models given: {positional} and {ours.model}")
+    ours.model = positional or ours.model or DEFAULT_MODEL
+    if ours.data_dir:
+        settings = settings.model_copy(update={"data_dir": Path(ours.data_dir)})
+    # Before vLLM (and with it huggingface_hub, which reads the variable once) is imported.
+    stay_offline_for(source_of(ours.model, settings.models))
+    args = vllm_parser().parse_args(rest)
+    vars(args).update(vars(ours))
+    # Per-step statistics cost throughput and are off in vLLM's offline runner too.
+    args.disable_log_stats = args.disable_log_stats or not ours.enable_log_stats
     return prepare_args(args, settings), settings
 
 
@@ -133,7 +169,7 @@ async def serve(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def main(argv: Sequence[str] | None = None, settings: Settings | None = None) -> int:
-    """`overnight worker [--data-dir D] [vLLM engine arguments...]`."""
+    """`overnight worker [MODEL] [options] [vLLM engine arguments]`; returns the exit code."""
     import asyncio
 
     from app.config import get_settings
@@ -141,8 +177,21 @@ def main(argv: Sequence[str] | None = None, settings: Settings | None = None) ->
     from worker import process
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    args, settings = parse(argv, settings or get_settings())
+    try:
+        args, settings = parse(argv, settings or get_settings())
+    except ModelNotFoundError as exc:
+        return _fail(exc)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     upgrade(settings.sqlalchemy_url)
     process.install()
-    return asyncio.run(serve(args, settings))
+    try:
+        return asyncio.run(serve(args, settings))
+    except Exception as exc:
+        if (reason := unavailable(exc, args.model)) is None:
+            raise
+        return _fail(reason)
+
+
+def _fail(reason: Exception) -> int:
+    print(f"overnight: error: {reason}", file=sys.stderr)
+    return 1

