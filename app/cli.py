@@ -11,6 +11,7 @@ from app.client import register as register_client_commands
 from app.config import Settings, get_settings
 from app.db.session import session_scope, upgrade
 from app.offline import add_arguments as add_run_batch_arguments
+from app.version import overnight_version
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -118,6 +119,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="overnight", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"overnight {overnight_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("serve", help="run the API and one worker per served model")

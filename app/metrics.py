@@ -7,7 +7,13 @@ whichever worker did the work (no multi-process bookkeeping).
 from collections.abc import Iterator
 
 from fastapi import APIRouter, FastAPI, Request, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Histogram,
+    Info,
+    generate_latest,
+)
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -17,6 +23,7 @@ from app.db.models import BATCH_STATUSES
 from app.db.session import session_scope
 from app.logging import ResponseWatch
 from app.services import monitoring
+from app.version import overnight_version
 
 
 class DatabaseCollector(Collector):
@@ -86,6 +93,8 @@ class Metrics:
     def __init__(self, settings: Settings) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(DatabaseCollector(settings))
+        build = Info("overnight_build", "The running overnight build.", registry=self.registry)
+        build.info({"version": overnight_version()})
         self.http_latency = Histogram(
             "overnight_http_request_duration_seconds",
             "HTTP request latency by route template.",

@@ -21,6 +21,7 @@ from pathlib import Path
 import httpx
 
 from app.config import Settings
+from app.version import overnight_version
 
 log = logging.getLogger("overnight.serve")
 
@@ -204,7 +205,7 @@ def banner(url: str, models: Sequence[str], open_mode: bool) -> str:
     key = '"anything")  # no keys are configured' if open_mode else 'os.environ["OPENAI_API_KEY"])'
     workers = ", ".join(models) if models else "none (--no-workers)"
     return f"""
-overnight is running
+overnight {overnight_version()} is running
   API        {url}/v1
   Dashboard  {url}/dashboard
   Workers    {workers} (loading; see {url}/dashboard/workers)

@@ -38,11 +38,13 @@ from app.services import batches, keys, monitoring
 from app.services.auth import keys_configured
 from app.services.files import open_file_content
 from app.services.housekeeping import FINALISATION, wake
+from app.version import overnight_version
 
 HERE = Path(__file__).parent
 templates = Jinja2Templates(
     env=Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=True)
 )
+templates.env.globals["version"] = overnight_version()
 # Defence in depth: even markup that slipped through could run no script.
 SECURITY_HEADERS = {
     "content-security-policy": (
