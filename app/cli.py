@@ -111,6 +111,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return serve(settings, models, open_mode=warning is not None)
 
 
+def _listen(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--host",
+        help="the address to listen on (default: OVERNIGHT_HOST, 127.0.0.1); "
+        "anything but loopback needs API keys",
+    )
+    parser.add_argument("--port", type=int, help="the port (default: OVERNIGHT_PORT, 8000)")
+
+
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--data-dir", dest="data_dir", help="where the SQLite file and stored files live"
@@ -123,15 +132,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("serve", help="run the API and one worker per served model")
-    p.add_argument("--host")
-    p.add_argument("--port", type=int)
+    _listen(p)
     p.add_argument("--models", help="comma-separated served models to start workers for")
     p.add_argument("--no-workers", action="store_true", help="the API only, workers run elsewhere")
     _common(p)
     p.set_defaults(func=cmd_serve)
     p = sub.add_parser("api", help="run the HTTP API only")
-    p.add_argument("--host")
-    p.add_argument("--port", type=int)
+    _listen(p)
     _common(p)
     p.set_defaults(func=cmd_api)
 

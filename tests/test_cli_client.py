@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -188,3 +189,58 @@ def test_keys_on_the_server_machine(settings: Settings, tmp_path: Path) -> None:
     unknown = cli("keys", "revoke", "key_nope", env=env, cwd=tmp_path)
     assert unknown.returncode == 1
     assert unknown.stderr.strip() == "overnight: error: No such API key object: key_nope"
+
+
+def test_errors_say_what_to_change(server: RunningServer) -> None:
+    env = {"OPENAI_API_KEY": ""}
+    no_key = cli("batches", "list", "--base-url", server.base_url, env=env)
+    assert no_key.returncode == 1
+    assert no_key.stderr.strip() == (
+        "overnight: error: this deployment needs an API key: pass --api-key or set "
+        "OPENAI_API_KEY (HTTP 401)"
+    )
+    no_v1 = cli("batches", "list", "--base-url", server.url, "--api-key", ADMIN_KEY)
+    assert no_v1.returncode == 1
+    assert f"is /v1 missing from the base URL? (e.g. {server.url}/v1)" in no_v1.stderr
+
+
+def test_list_by_status_and_a_failed_batch_downloads_nothing(
+    server: RunningServer, sdk: openai.OpenAI, capsys: pytest.CaptureFixture[str]
+) -> None:
+    running = start_batch(sdk, jsonl([chat_line("r-1")]), name="r.jsonl")
+    failed = start_batch(sdk, b'{"not": "a request"}\n', name="f.jsonl")
+    wait_status(sdk, running, "in_progress")
+    wait_status(sdk, failed, "failed")
+
+    assert main(run(server, "batches", "list", "--status", "failed", "--json")) == 0
+    assert [b["id"] for b in json.loads(capsys.readouterr().out)] == [failed]
+    assert main(run(server, "batches", "list", "--status", "completed")) == 0
+    assert "No completed batches." in capsys.readouterr().err
+
+    assert main(run(server, "batches", "download", failed)) == 1
+    assert f"`overnight batches show {failed}` lists its errors" in capsys.readouterr().err
+
+    assert main(run(server, "batches", "show", running)) == 0
+    shown = capsys.readouterr().out.splitlines()
+    assert not any(line.strip() in ("output file", "error file") for line in shown), "no empty rows"
+    [created] = [line for line in shown if line.startswith("created")]
+    assert created.split()[-1] == time.strftime("%Z"), "timestamps carry their zone"
+
+
+def test_the_first_key_keeps_open_mode_work_in_view(settings: Settings, tmp_path: Path) -> None:
+    env = {
+        "OVERNIGHT_DATABASE_URL": settings.sqlalchemy_url,
+        "OVERNIGHT_DATA_DIR": str(settings.data_dir),
+        "OPENAI_BASE_URL": "",
+    }
+    with running_server(settings) as server:
+        open_sdk = openai.OpenAI(base_url=server.base_url, api_key="anything")
+        made_open = open_sdk.files.create(file=("a.jsonl", b"{}\n"), purpose="batch").id
+        first = cli("keys", "create", "--role", "admin", env=env, cwd=tmp_path)
+        assert first.returncode == 0, first.stderr
+        assert "for project 'default'" in first.stderr and "note:" not in first.stderr
+        keyed = openai.OpenAI(base_url=server.base_url, api_key=first.stdout.strip())
+        assert [f.id for f in keyed.files.list().data] == [made_open]
+    other = cli("keys", "create", "--project", "research", env=env, cwd=tmp_path)
+    assert other.returncode == 0
+    assert "what was made without keys is in project 'default'" in other.stderr

@@ -2,6 +2,7 @@
 
 import argparse
 import os
+from itertools import islice
 from pathlib import Path
 
 import openai
@@ -72,9 +73,16 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return 0 if batch.status == "completed" else 1
 
 
+def _listed(args: argparse.Namespace) -> list[Batch]:
+    """The newest `--limit` batches, of `--status` only if given (paging on as needed)."""
+    if not args.status:
+        return client(args).batches.list(limit=args.limit).data
+    pages = client(args).batches.list(limit=100)
+    return list(islice((b for b in pages if b.status == args.status), args.limit))
+
+
 def cmd_list(args: argparse.Namespace) -> int:
-    page = client(args).batches.list(limit=args.limit)
-    batches = page.data
+    batches = _listed(args)
     if args.json:
         output.print_json(batches)
         return 0
@@ -92,7 +100,7 @@ def cmd_list(args: argparse.Namespace) -> int:
             )
             for b in batches
         ),
-        empty="No batches.",
+        empty=f"No {args.status} batches." if args.status else "No batches.",
     )
     return 0
 
@@ -132,7 +140,7 @@ def _show(batch: Batch) -> None:
             rows.append((field.removesuffix("_at").replace("_", " "), output.when(ts)))
     for key, value in (batch.metadata or {}).items():
         rows.append((f"metadata {key}", value))
-    output.print_table(["FIELD", "VALUE"], rows, empty="")
+    output.print_table(["FIELD", "VALUE"], [(k, v) for k, v in rows if v != ""], empty="")
     if batch.errors and batch.errors.data:
         output.print_table(
             ["LINE", "CODE", "MESSAGE"],
@@ -191,6 +199,11 @@ def cmd_download(args: argparse.Namespace) -> int:
     if batch.status not in TERMINAL:
         raise CliError(
             f"{batch.id} is {batch.status}: its files exist once it has ended; try again later."
+        )
+    if batch.status == "failed":
+        raise CliError(
+            f"{batch.id} failed validation and has no results: "
+            f"`overnight batches show {batch.id}` lists its errors."
         )
     _download(
         api,

@@ -5,6 +5,8 @@ from typing import Any
 
 from app.client import batches, files, keys
 from app.client.connection import Command, add_connection_args, reports_errors
+from app.db.models import BATCH_STATUSES
+from app.services.auth import DEFAULT_PROJECT
 
 
 def _command(
@@ -35,7 +37,8 @@ def _batches(sub: Any) -> None:
     p.add_argument("--interval", type=float, default=1.0, help="seconds between polls")
 
     p = _command(group, "list", batches.cmd_list, "the newest batches", json=True)
-    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--limit", type=int, default=20, help="how many (default: 20)")
+    p.add_argument("--status", choices=BATCH_STATUSES, help="only batches in this status")
     for name, func, text in (
         ("show", batches.cmd_show, "one batch: status, counts, timeline, errors"),
         ("cancel", batches.cmd_cancel, "cancel a batch"),
@@ -54,7 +57,7 @@ def _files(sub: Any) -> None:
     )
     p = _command(group, "list", files.cmd_list, "the newest files", json=True)
     p.add_argument("--purpose", help="e.g. batch, batch_output")
-    p.add_argument("--limit", type=int, default=100)
+    p.add_argument("--limit", type=int, default=100, help="how many (default: 100)")
     p = _command(group, "rm", files.cmd_rm, "delete files")
     p.add_argument("file_ids", nargs="+", metavar="FILE_ID")
 
@@ -65,12 +68,17 @@ def _keys(sub: Any) -> None:
         help="API keys (over HTTP with --base-url/$OPENAI_BASE_URL, else this machine's database)",
     ).add_subparsers(dest="keys_command", required=True)
     p = _command(group, "create", keys.cmd_create, "create a key for a project and print it")
-    p.add_argument("--project", required=True)
+    p.add_argument(
+        "--project",
+        default=DEFAULT_PROJECT,
+        help=f"the project whose files and batches the key sees (default: {DEFAULT_PROJECT}, "
+        "where everything made without keys lives)",
+    )
     p.add_argument("--role", choices=["member", "admin"], default="member")
     p.add_argument("--name")
     p.add_argument("--data-dir", dest="data_dir", help="local mode: the deployment's data dir")
     p = _command(group, "list", keys.cmd_list, "keys that are not revoked", json=True)
-    p.add_argument("--project", help="only this project's")
+    p.add_argument("--project", help="only this project's keys")
     p.add_argument("--data-dir", dest="data_dir", help="local mode: the deployment's data dir")
     p = _command(group, "revoke", keys.cmd_revoke, "revoke a key at once")
     p.add_argument("key_id")

@@ -42,18 +42,32 @@ def base_url(args: argparse.Namespace) -> str:
     return f"http://{host}:{settings.port}/v1"
 
 
+def api_key(args: argparse.Namespace) -> str | None:
+    return getattr(args, "api_key", None) or os.environ.get("OPENAI_API_KEY") or None
+
+
 def client(args: argparse.Namespace) -> openai.OpenAI:
     # Without keys the server accepts any token, but the SDK insists on one.
-    key = getattr(args, "api_key", None) or os.environ.get("OPENAI_API_KEY") or "none"
+    key = api_key(args) or "none"
     return openai.OpenAI(base_url=base_url(args), api_key=key, max_retries=2, timeout=120)
+
+
+def _status_message(exc: openai.APIStatusError, args: argparse.Namespace) -> str:
+    body: Any = exc.body
+    message = (body.get("message") if isinstance(body, dict) else None) or exc.message
+    # Without a key the SDK sent a stand-in: what the server says of it helps nobody.
+    if exc.status_code == 401 and api_key(args) is None:
+        return "this deployment needs an API key: pass --api-key or set OPENAI_API_KEY"
+    url = base_url(args).rstrip("/")
+    if exc.status_code == 404 and not url.endswith("/v1"):
+        return f"{message}; is /v1 missing from the base URL? (e.g. {url}/v1)"
+    return str(message)
 
 
 def describe(exc: BaseException, args: argparse.Namespace) -> str:
     """One line a person can act on, from whatever went wrong."""
     if isinstance(exc, openai.APIStatusError):
-        body: Any = exc.body
-        message = body.get("message") if isinstance(body, dict) else None
-        return f"{message or exc.message} (HTTP {exc.status_code})"
+        return f"{_status_message(exc, args)} (HTTP {exc.status_code})"
     if isinstance(exc, openai.APITimeoutError):
         return f"{base_url(args)} did not answer in time."
     if isinstance(exc, openai.APIConnectionError):

@@ -16,6 +16,7 @@ from app.client.connection import client, explicit_base_url
 from app.config import get_settings
 from app.db.session import session_scope, upgrade
 from app.services import keys
+from app.services.auth import DEFAULT_PROJECT
 
 
 def _local_settings(args: argparse.Namespace) -> Any:
@@ -38,6 +39,14 @@ def cmd_create(args: argparse.Namespace) -> int:
             )
             key_id, role = key.id, key.role
     output.errors.print(f"created {key_id} ({role}) for project {args.project!r}", markup=False)
+    if args.project != DEFAULT_PROJECT:
+        output.errors.print(
+            f"note: it sees only {args.project!r}; what was made without keys is in project "
+            f"{DEFAULT_PROJECT!r} (`overnight keys create --project {DEFAULT_PROJECT}` "
+            "makes a key for it)",
+            markup=False,
+            soft_wrap=True,
+        )
     print(secret)
     return 0
 

@@ -17,7 +17,10 @@ errors = Console(stderr=True, highlight=False)
 
 
 def when(ts: int | float | None) -> str:
-    return "" if ts is None else datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+    """Local time with its zone, so that a pasted line means the same to everyone."""
+    if ts is None:
+        return ""
+    return datetime.fromtimestamp(ts).astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
 
 
 def age(ts: int | float | None) -> str:
