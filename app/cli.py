@@ -6,12 +6,16 @@ import socket
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from app.client import register as register_client_commands
 from app.config import Settings, get_settings
 from app.db.session import session_scope, upgrade
 from app.offline import add_arguments as add_run_batch_arguments
 from app.version import overnight_version
+
+if TYPE_CHECKING:
+    from app.services.auth import Access
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -42,19 +46,27 @@ def _is_loopback(host: str) -> bool:
             return False
 
 
-def check_bind_safety(settings: Settings) -> str | None:
-    """Without API keys the service is open to anyone who can reach it: loopback only."""
-    from app.services.auth import keys_configured
+def check_bind_safety(settings: Settings) -> "Access":
+    """Decides open mode for this start; without API keys only loopback is allowed."""
+    from app.services.auth import Access
 
     with session_scope(settings) as session:
-        if keys_configured(session, settings):
-            return None
-    if not _is_loopback(settings.host):
+        access = Access.at_startup(session, settings)
+    if access.started_open and not _is_loopback(settings.host):
         raise SystemExit(
             f"Refusing to listen on {settings.host} without API keys: anyone could use it. "
             "Set OVERNIGHT_ADMIN_KEY or run `overnight keys create --project NAME` first."
         )
-    return "No API keys are configured: the API is open, so it listens on loopback only."
+    return access
+
+
+def access_line(access: "Access") -> str:
+    if access.started_open:
+        return (
+            "No API keys are configured: the API is open, so it listens on loopback only "
+            "(creating a key closes it for good)."
+        )
+    return "API keys are required (decided at start-up: revoking keys never opens the API)."
 
 
 def cmd_api(args: argparse.Namespace) -> int:
@@ -66,12 +78,12 @@ def cmd_api(args: argparse.Namespace) -> int:
     settings = _settings(args)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     upgrade(settings.sqlalchemy_url)
-    if warning := check_bind_safety(settings):
-        print(f"overnight: {warning}", file=sys.stderr)
+    access = check_bind_safety(settings)
+    print(f"overnight: {access_line(access)}", file=sys.stderr)
     print(f"overnight: API on http://{settings.host}:{settings.port}/v1", file=sys.stderr)
     configure_logging(settings.log_level, settings.log_format)
     uvicorn.run(
-        create_app(settings),
+        create_app(settings, access),
         host=settings.host,
         port=settings.port,
         log_config=None,
@@ -100,15 +112,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings = _settings(args)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     upgrade(settings.sqlalchemy_url)
-    warning = check_bind_safety(settings)
-    if warning:
-        print(f"overnight: {warning}", file=sys.stderr)
+    access = check_bind_safety(settings)
+    print(f"overnight: {access_line(access)}", file=sys.stderr)
     served = [m.name for m in settings.models]
     models = [] if args.no_workers else (args.models.split(",") if args.models else served)
     if unknown := [m for m in models if m not in served]:
         raise SystemExit(f"overnight: not a served model: {', '.join(unknown)} (served: {served})")
     configure_logging(settings.log_level, settings.log_format)
-    return serve(settings, models, open_mode=warning is not None)
+    return serve(settings, models, open_mode=access.started_open)
 
 
 def _listen(parser: argparse.ArgumentParser) -> None:

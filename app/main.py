@@ -18,7 +18,7 @@ from app.errors import install_error_handlers
 from app.ids import new_request_id
 from app.logging import AccessLogMiddleware
 from app.metrics import install_metrics
-from app.services.auth import DEFAULT_PROJECT, ensure_project
+from app.services.auth import DEFAULT_PROJECT, Access, ensure_project
 from app.services.housekeeping import housekeeping_loop
 
 log = logging.getLogger("overnight.api")
@@ -50,20 +50,28 @@ class RequestIdMiddleware:
         await self.app(scope, receive, send_with_id)
 
 
-def prepare_database(settings: Settings) -> None:
-    """Newest schema, and the open-mode project, so that reading requests never write."""
+def prepare_database(settings: Settings) -> Access:
+    """Newest schema and the open-mode project (so that reading requests never write);
+    returns whether the API starts open."""
     upgrade(settings.sqlalchemy_url)
     with session_scope(settings) as session:
         ensure_project(session, DEFAULT_PROJECT)
+        return Access.at_startup(session, settings)
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, access: Access | None = None) -> FastAPI:
+    """The app; `access` is decided at start-up unless the caller already decided it."""
     settings = settings or get_settings()
 
     @asynccontextmanager
-    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
-        await asyncio.to_thread(prepare_database, settings)
+        decided = await asyncio.to_thread(prepare_database, settings)
+        app.state.access = access or decided
+        log.info(
+            "access: %s",
+            "open (no API keys)" if app.state.access.started_open else "API keys required",
+        )
         stop = asyncio.Event()
         tasks = [asyncio.create_task(loop(settings, stop)) for loop in BACKGROUND_LOOPS]
         try:

@@ -204,9 +204,11 @@ def wait_until_ready(
 def banner(url: str, models: Sequence[str], open_mode: bool) -> str:
     key = '"anything")  # no keys are configured' if open_mode else 'os.environ["OPENAI_API_KEY"])'
     workers = ", ".join(models) if models else "none (--no-workers)"
+    access = "open: no API keys (loopback only)" if open_mode else "API keys required"
     return f"""
 overnight {overnight_version()} is running
   API        {url}/v1
+  Access     {access}
   Dashboard  {url}/dashboard
   Workers    {workers} (loading; see {url}/dashboard/workers)
 

@@ -10,13 +10,15 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from sqlalchemy import update
 
 from app.cli import check_bind_safety
 from app.config import Settings
 from app.db.session import session_scope, upgrade
+from app.db.models import ApiKey
 from app.services.auth import create_key, ensure_project
 from tests.forms import Part, content_type, multipart
-from tests.harness import RunningServer
+from tests.harness import RunningServer, running_server
 from tests.spec import assert_error
 
 
@@ -123,11 +125,83 @@ def test_cli_creates_a_working_key(
 
 def test_bind_safety(settings: Settings) -> None:
     upgrade(settings.sqlalchemy_url)
-    assert check_bind_safety(settings.model_copy(update={"host": "127.0.0.1"})) is not None
+    assert check_bind_safety(settings.model_copy(update={"host": "127.0.0.1"})).started_open
     with pytest.raises(SystemExit, match=r"Refusing to listen on 0\.0\.0\.0"):
         check_bind_safety(settings.model_copy(update={"host": "0.0.0.0"}))
     make_key(settings, "ops")
-    assert check_bind_safety(settings.model_copy(update={"host": "0.0.0.0"})) is None
+    assert not check_bind_safety(settings.model_copy(update={"host": "0.0.0.0"})).started_open
+
+
+def revoke_every_key_in_the_database(settings: Settings) -> None:
+    """What another replica, a script or a hand-written UPDATE could do behind the API's back."""
+    with session_scope(settings) as session:
+        session.execute(update(ApiKey).values(revoked_at=1))
+
+
+def test_a_server_started_with_keys_never_opens(settings: Settings) -> None:
+    upgrade(settings.sqlalchemy_url)
+    with session_scope(settings) as session:
+        admin_key, admin_secret = create_key(session, "ops", role="admin")
+        member_key, _ = create_key(session, "team")
+    with running_server(settings) as server, httpx.Client(base_url=server.url) as http:
+        assert http.get("/readyz").json()["access"] == "keys_required"
+        admin = {"Authorization": f"Bearer {admin_secret}"}
+        assert http.delete(f"/v1/admin/api_keys/{member_key.id}", headers=admin).status_code == 200
+        refused = assert_error(
+            http.delete(f"/v1/admin/api_keys/{admin_key.id}", headers=admin), 409
+        )
+        assert refused["code"] == "last_admin_key"
+        assert "overnight keys create --role admin" in refused["message"]
+        assert http.get("/v1/files", headers=admin).status_code == 200
+
+        revoke_every_key_in_the_database(settings)
+        assert_error(http.get("/v1/files"), 401)
+        assert_error(http.get("/v1/admin/api_keys", headers=admin), 401)
+        assert http.get("/readyz").json()["access"] == "keys_required"
+        assert http.get("/dashboard/api/batches").status_code == 401
+
+
+def test_a_server_started_open_closes_for_good_once_a_key_exists(server: RunningServer) -> None:
+    with httpx.Client(base_url=server.url) as http:
+        assert http.get("/readyz").json()["access"] == "open"
+        created = http.post("/v1/admin/api_keys", json={"project": "ops", "role": "admin"})
+        assert created.status_code == 200
+        assert_error(http.get("/v1/files"), 401)
+        assert http.get("/readyz").json()["access"] == "keys_required"
+        key = {"Authorization": f"Bearer {created.json()['value']}"}
+        assert http.get("/v1/files", headers=key).status_code == 200
+
+        revoke_every_key_in_the_database(server.settings)
+        assert_error(http.get("/v1/files"), 401)
+        assert http.get("/readyz").json()["access"] == "keys_required"
+
+
+def test_cli_keeps_the_last_admin_key(settings: Settings, tmp_path: Path) -> None:
+    upgrade(settings.sqlalchemy_url)
+    with session_scope(settings) as session:
+        key_id = create_key(session, "ops", role="admin")[0].id
+    env = {
+        **os.environ,
+        "OVERNIGHT_DATABASE_URL": settings.sqlalchemy_url,
+        "OVERNIGHT_DATA_DIR": str(settings.data_dir),
+    }
+    env.pop("OVERNIGHT_ADMIN_KEY", None)
+    command = [sys.executable, "-m", "app.cli", "keys", "revoke", key_id]
+    refused = subprocess.run(
+        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert refused.returncode == 1
+    assert "last admin key" in refused.stderr and "--role admin" in refused.stderr
+    allowed = subprocess.run(
+        command,
+        cwd=tmp_path,
+        env={**env, "OVERNIGHT_ADMIN_KEY": "sk-break-glass"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert allowed.stdout.startswith(f"{key_id} revoked: requests with it now get 401")
 
 
 def test_first_requests_racing_create_one_project(settings: Settings) -> None:

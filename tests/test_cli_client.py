@@ -184,8 +184,13 @@ def test_keys_on_the_server_machine(settings: Settings, tmp_path: Path) -> None:
     assert [(k["project_name"], k["role"]) for k in keys] == [("local", "admin")]
     with running_server(settings) as server:
         assert openai.OpenAI(base_url=server.base_url, api_key=secret).files.list().data == []
+    kept = cli("keys", "revoke", keys[0]["id"], env=env, cwd=tmp_path)
+    assert kept.returncode == 1 and "is the last admin key" in kept.stderr
+    second = cli("keys", "create", "--project", "local", "--role", "admin", env=env, cwd=tmp_path)
+    assert second.returncode == 0
     revoked = cli("keys", "revoke", keys[0]["id"], env=env, cwd=tmp_path)
-    assert revoked.returncode == 0 and revoked.stdout.strip() == f"{keys[0]['id']} revoked"
+    assert revoked.returncode == 0
+    assert revoked.stdout.startswith(f"{keys[0]['id']} revoked: requests with it now get 401")
     unknown = cli("keys", "revoke", "key_nope", env=env, cwd=tmp_path)
     assert unknown.returncode == 1
     assert unknown.stderr.strip() == "overnight: error: No such API key object: key_nope"

@@ -123,7 +123,9 @@ def test_serve_without_workers_prints_the_way_in_and_stops_on_ctrl_c(tmp_path: P
         assert f"API        {url}/v1" in text
         assert f"Dashboard  {url}/dashboard" in text
         assert f'OpenAI(base_url="{url}/v1"' in text
-        assert httpx.get(f"{url}/readyz").status_code == 200
+        assert "Access     open: no API keys (loopback only)" in text
+        ready = httpx.get(f"{url}/readyz")
+        assert ready.status_code == 200 and ready.json()["access"] == "open"
         assert httpx.get(f"{url}/dashboard").status_code == 200
         api = [p for p in psutil.Process(serve.pid).children() if "api" in p.cmdline()]
         assert len(api) == 1

@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session
 from app.config import Settings
 from app.db.session import read_session_factory, session_factory
 from app.errors import OpenAIError
-from app.services.auth import Principal, authenticate
+from app.services.auth import Access, Principal, authenticate
 from app.storage import Storage, storage_of
 
 
@@ -38,12 +38,21 @@ def get_storage(settings: SettingsDep) -> Storage:
 StorageDep = Annotated[Storage, Depends(get_storage)]
 
 
+def get_access(request: Request) -> Access:
+    access: Access = request.app.state.access
+    return access
+
+
+AccessDep = Annotated[Access, Depends(get_access)]
+
+
 def get_principal(
     session: SessionDep,
     settings: SettingsDep,
+    access: AccessDep,
     authorization: Annotated[str | None, Header()] = None,
 ) -> Principal:
-    principal = authenticate(session, settings, authorization)
+    principal = authenticate(session, settings, access, authorization)
     session.commit()  # release SQLite's write lock before the route's own work
     return principal
 

@@ -89,7 +89,12 @@ def cmd_revoke(args: argparse.Namespace) -> int:
     if explicit_base_url(args):
         client(args).delete(f"/admin/api_keys/{args.key_id}", cast_to=dict)
     else:
-        with session_scope(_local_settings(args)) as session:
-            keys.revoke_key(session, args.key_id)
-    print(f"{args.key_id} revoked", file=sys.stdout)
+        settings = _local_settings(args)
+        with session_scope(settings) as session:
+            keys.revoke_key(session, args.key_id, admin_key_configured=bool(settings.admin_key))
+    print(
+        f"{args.key_id} revoked: requests with it now get 401. A running API that required "
+        "keys still does.",
+        file=sys.stdout,
+    )
     return 0

@@ -10,10 +10,10 @@ from urllib.parse import quote
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
-from app.api.deps import SessionDep, SettingsDep
+from app.api.deps import AccessDep, SessionDep, SettingsDep
 from app.config import Settings
 from app.errors import OpenAIError
-from app.services.auth import authenticate
+from app.services.auth import Access, authenticate
 
 COOKIE = "overnight_admin"
 COOKIE_PATH = "/dashboard"
@@ -28,10 +28,10 @@ class LoginRequired(Exception):
         self.next_url = next_url
 
 
-def is_admin_key(session: Session, settings: Settings, key: str | None) -> bool:
+def is_admin_key(session: Session, settings: Settings, access: Access, key: str | None) -> bool:
     """True for the configured admin key or an unrevoked admin-role key (any key in open mode)."""
     try:
-        principal = authenticate(session, settings, f"Bearer {key}" if key else None)
+        principal = authenticate(session, settings, access, f"Bearer {key}" if key else None)
     except OpenAIError:
         return False
     finally:
@@ -50,15 +50,19 @@ def safe_next(next_url: str | None) -> str:
     return COOKIE_PATH
 
 
-def require_page_login(request: Request, session: SessionDep, settings: SettingsDep) -> None:
-    if not is_admin_key(session, settings, request.cookies.get(COOKIE)):
+def require_page_login(
+    request: Request, session: SessionDep, settings: SettingsDep, access: AccessDep
+) -> None:
+    if not is_admin_key(session, settings, access, request.cookies.get(COOKIE)):
         target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
         raise LoginRequired(target)
 
 
-def require_api_login(request: Request, session: SessionDep, settings: SettingsDep) -> None:
+def require_api_login(
+    request: Request, session: SessionDep, settings: SettingsDep, access: AccessDep
+) -> None:
     """For the dashboard's JSON feeds and actions: 401 (the page script then shows the form)."""
-    if not is_admin_key(session, settings, request.cookies.get(COOKIE)):
+    if not is_admin_key(session, settings, access, request.cookies.get(COOKIE)):
         raise OpenAIError("Log in to the dashboard with an admin key.", status_code=401)
     if request.method != "GET" and request.headers.get(ACTION_HEADER) != "1":
         raise OpenAIError("Dashboard actions must come from the dashboard.", status_code=403)

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from app.api.body import read_json
-from app.api.deps import SessionDep, SettingsDep, StorageDep
+from app.api.deps import AccessDep, SessionDep, SettingsDep, StorageDep
 from app.api.routes.admin import create_key_object, key_object
 from app.dashboard import views
 from app.dashboard.auth import (
@@ -35,7 +35,6 @@ from app.db.models import BATCH_STATUSES, Batch, File
 from app.errors import not_found
 from app.schemas.admin import CreateApiKeyRequest
 from app.services import batches, keys, monitoring
-from app.services.auth import keys_configured
 from app.services.files import open_file_content
 from app.services.housekeeping import FINALISATION, wake
 from app.version import overnight_version
@@ -59,8 +58,7 @@ FILE_PURPOSES = ("batch", "batch_output", "fine-tune", "vision", "user_data", "a
 
 
 def _page(request: Request, session: Session, name: str, **context: Any) -> HTMLResponse:
-    settings = request.app.state.settings
-    open_mode = not keys_configured(session, settings)
+    open_mode = request.app.state.access.is_open(session, request.app.state.settings)
     session.commit()
     return templates.TemplateResponse(
         request,
@@ -83,11 +81,12 @@ def login(
     request: Request,
     session: SessionDep,
     settings: SettingsDep,
+    access: AccessDep,
     key: Annotated[str, Form()] = "",
     next: Annotated[str, Form()] = COOKIE_PATH,
 ) -> Response:
     key = key.strip()
-    if not key or not is_admin_key(session, settings, key):
+    if not key or not is_admin_key(session, settings, access, key):
         refused = _page(
             request, session, "login.html", next=safe_next(next), error="That is not an admin key."
         )
@@ -316,7 +315,9 @@ async def create_key(request: Request, _login: ApiLogin, session: SessionDep) ->
 
 
 @router.post("/api/keys/{key_id}/revoke")
-def revoke_key(key_id: str, _login: ApiLogin, session: SessionDep) -> dict[str, str]:
-    key = keys.revoke_key(session, key_id)
+def revoke_key(
+    key_id: str, _login: ApiLogin, session: SessionDep, settings: SettingsDep
+) -> dict[str, str]:
+    key = keys.revoke_key(session, key_id, admin_key_configured=bool(settings.admin_key))
     session.commit()
     return {"id": key.id}

@@ -75,6 +75,33 @@ def keys_configured(session: Session, settings: Settings) -> bool:
     )
 
 
+class Access:
+    """Whether callers without a key get in: decided once, at start-up, and it only closes.
+
+    A process that started with keys (or `OVERNIGHT_ADMIN_KEY`) requires them for its
+    whole life, whatever happens to the keys table. One that started open closes for
+    good as soon as a key exists (this replica's or another's): a data change can
+    tighten access, never loosen it.
+    """
+
+    def __init__(self, started_open: bool) -> None:
+        self.started_open = started_open
+        self._open = started_open
+
+    @classmethod
+    def at_startup(cls, session: Session, settings: Settings) -> "Access":
+        return cls(started_open=not keys_configured(session, settings))
+
+    def is_open(self, session: Session, settings: Settings) -> bool:
+        if self._open and keys_configured(session, settings):
+            self._open = False
+        return self._open
+
+    def describe(self, session: Session, settings: Settings) -> str:
+        """`open` or `keys_required`, for /readyz and the start-up banner."""
+        return "open" if self.is_open(session, settings) else "keys_required"
+
+
 def _bearer(authorization: str | None) -> str | None:
     if not authorization:
         return None
@@ -82,29 +109,31 @@ def _bearer(authorization: str | None) -> str | None:
     return token.strip() or None if scheme.lower() == "bearer" else None
 
 
-def authenticate(session: Session, settings: Settings, authorization: str | None) -> Principal:
+def authenticate(
+    session: Session, settings: Settings, access: Access, authorization: str | None
+) -> Principal:
     token = _bearer(authorization)
-    if token is None:
-        if keys_configured(session, settings):
-            raise OpenAIError(
-                "Missing bearer authentication in header. You need to provide your API key in "
-                "an Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).",
-                status_code=401,
-            )
+    if settings.admin_key and token and secrets.compare_digest(token, settings.admin_key):
         return Principal(ensure_project(session, DEFAULT_PROJECT).id, "admin")
-    if settings.admin_key and secrets.compare_digest(token, settings.admin_key):
-        return Principal(ensure_project(session, DEFAULT_PROJECT).id, "admin")
-    key = session.scalar(
-        select(ApiKey).where(ApiKey.key_hash == hash_key(token), ApiKey.revoked_at.is_(None))
-    )
-    if key is None:
-        if not keys_configured(session, settings):
-            # Open mode: any token (the SDK insists on sending one) is the default project.
-            return Principal(ensure_project(session, DEFAULT_PROJECT).id, "admin")
-        raise OpenAIError(
-            f"Incorrect API key provided: {token[:6]}…. You can create keys with "
-            "`overnight keys create --project NAME`.",
-            status_code=401,
-            code="invalid_api_key",
+    key = None
+    if token is not None:
+        key = session.scalar(
+            select(ApiKey).where(ApiKey.key_hash == hash_key(token), ApiKey.revoked_at.is_(None))
         )
-    return Principal(key.project_id, key.role)
+    if key is not None:
+        return Principal(key.project_id, key.role)
+    if access.is_open(session, settings):
+        # Open mode: any token (the SDK insists on sending one) is the default project.
+        return Principal(ensure_project(session, DEFAULT_PROJECT).id, "admin")
+    if token is None:
+        raise OpenAIError(
+            "Missing bearer authentication in header. You need to provide your API key in "
+            "an Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).",
+            status_code=401,
+        )
+    raise OpenAIError(
+        f"Incorrect API key provided: {token[:6]}…. You can create keys with "
+        "`overnight keys create --project NAME`.",
+        status_code=401,
+        code="invalid_api_key",
+    )

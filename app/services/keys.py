@@ -34,11 +34,32 @@ def create_project_key(
     return key, project, secret
 
 
-def revoke_key(session: Session, key_id: str) -> ApiKey:
-    """Revoke a key at once; revoking a revoked key changes nothing."""
+def revoke_key(session: Session, key_id: str, *, admin_key_configured: bool) -> ApiKey:
+    """Revoke a key at once; revoking a revoked key changes nothing.
+
+    The last admin key is kept unless `OVERNIGHT_ADMIN_KEY` is set: without it nobody
+    could manage keys over the API any more, and a restart would open the API.
+    """
     key = session.scalar(select(ApiKey).where(ApiKey.id == key_id))
     if key is None:
         raise not_found("API key", key_id)
-    if key.revoked_at is None:
-        key.revoked_at = int(time.time())
+    if key.revoked_at is not None:
+        return key
+    if key.role == "admin" and not admin_key_configured:
+        # Locks the admin keys (PostgreSQL) so that two revokes cannot each leave the other.
+        admins = session.scalars(
+            select(ApiKey.id)
+            .where(ApiKey.role == "admin", ApiKey.revoked_at.is_(None))
+            .with_for_update()
+        ).all()
+        if admins == [key.id]:
+            raise OpenAIError(
+                f"{key.id} is the last admin key: revoking it would leave nobody able to "
+                "manage keys. Create another admin key first (on the server's machine, "
+                "`overnight keys create --role admin --project NAME` works on its database "
+                "directly), or set OVERNIGHT_ADMIN_KEY.",
+                status_code=409,
+                code="last_admin_key",
+            )
+    key.revoked_at = int(time.time())
     return key

@@ -75,8 +75,11 @@ async def create_api_key(request: Request, _admin: AdminDep, session: SessionDep
 
 
 @router.delete("/api_keys/{key_id}", operation_id="revokeApiKey")
-def revoke_api_key(key_id: str, _admin: AdminDep, session: SessionDep) -> ApiKeyRevoked:
-    key = keys.revoke_key(session, key_id)
+def revoke_api_key(
+    key_id: str, _admin: AdminDep, session: SessionDep, settings: SettingsDep
+) -> ApiKeyRevoked:
+    """Revoke a key at once; the last admin key is kept (409) unless OVERNIGHT_ADMIN_KEY is set."""
+    key = keys.revoke_key(session, key_id, admin_key_configured=bool(settings.admin_key))
     session.commit()
     return ApiKeyRevoked(id=key.id)
 

@@ -8,9 +8,10 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
-from app.api.deps import SettingsDep
+from app.api.deps import AccessDep, SettingsDep
 from app.config import Settings
 from app.db.session import session_factory
+from app.services.auth import Access
 from app.storage import storage_of
 from app.storage.base import put
 
@@ -42,9 +43,21 @@ def _check_storage(settings: Settings) -> None:
         storage.delete(key)
 
 
+def _access(settings: Settings, access: Access) -> str:
+    if not access.started_open:
+        return "keys_required"
+    try:
+        with session_factory(settings.sqlalchemy_url)() as session:
+            return access.describe(session, settings)
+    except Exception:
+        return "open"  # as last seen: the failed database check tells the rest
+
+
 @router.get("/readyz", operation_id="getReadiness")
-def readyz(settings: SettingsDep) -> JSONResponse:
-    """The database answers and storage can write, read and delete an object."""
+def readyz(settings: SettingsDep, access: AccessDep) -> JSONResponse:
+    """The database answers and storage can write, read and delete an object.
+
+    `access` says whether callers need a key (`keys_required`) or not (`open`)."""
     checks: dict[str, Any] = {}
     for name, check in (("database", _check_database), ("storage", _check_storage)):
         try:
@@ -56,6 +69,10 @@ def readyz(settings: SettingsDep) -> JSONResponse:
             checks[name] = f"error: {type(exc).__name__}"
     ready = all(v == "ok" for v in checks.values())
     return JSONResponse(
-        {"status": "ok" if ready else "unavailable", "checks": checks},
+        {
+            "status": "ok" if ready else "unavailable",
+            "access": _access(settings, access),
+            "checks": checks,
+        },
         status_code=200 if ready else 503,
     )
