@@ -57,6 +57,10 @@ class Settings(BaseSettings):
     max_batch_file_bytes: int = 200 * MB
     max_upload_bytes: int = 8_000 * MB
     max_upload_part_bytes: int = 64 * MB
+    # Any JSON request body (batches, uploads, keys): refused with a 413 while it streams.
+    max_json_body_bytes: int = 4 * MB
+    # A request body that sends nothing for this long is ended (408) and its connection closed.
+    body_idle_timeout_seconds: float = 30.0
     upload_ttl_seconds: int = 3600
     batch_file_ttl_seconds: int = 30 * 24 * 3600
 

@@ -6,6 +6,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 _TYPES = {401: "invalid_request_error", 403: "invalid_request_error", 429: "rate_limit_error"}
 
@@ -77,6 +78,16 @@ def validation_error(errors: list[Any]) -> OpenAIError:
     )
 
 
+def _allowed_methods(request: Request) -> list[str]:
+    """Every method some route takes at this path (Starlette names only the first route's)."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        match, _ = route.matches(request.scope)
+        if match != Match.NONE:
+            methods |= getattr(route, "methods", None) or set()
+    return sorted(methods)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(OpenAIError)
     async def _openai(_request: Request, exc: OpenAIError) -> JSONResponse:
@@ -88,13 +99,15 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        headers = dict(exc.headers or {})
         if exc.status_code == 404:
             message = f"Invalid URL ({request.method} {request.url.path})"
         elif exc.status_code == 405:
             message = f"Method {request.method} not allowed for {request.url.path}"
+            headers["Allow"] = ", ".join(_allowed_methods(request))
         else:
             message = str(exc.detail)
-        return error_response(OpenAIError(message, status_code=exc.status_code))
+        return error_response(OpenAIError(message, status_code=exc.status_code, headers=headers))
 
     @app.exception_handler(Exception)
     async def _unexpected(_request: Request, _exc: Exception) -> JSONResponse:

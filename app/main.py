@@ -9,6 +9,8 @@ from typing import Any
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.api.body import BodyTimeoutMiddleware
+from app.api.nul_bytes import RejectNulMiddleware
 from app.api.openapi import install_openapi
 from app.api.routes import admin, batches, files, health, models, uploads
 from app.config import Settings, get_settings
@@ -94,6 +96,8 @@ def create_app(settings: Settings | None = None, access: Access | None = None) -
     app.include_router(health.router)
     install_dashboard(app)
     install_metrics(app, settings)
+    app.add_middleware(RejectNulMiddleware)
+    app.add_middleware(BodyTimeoutMiddleware, idle_seconds=settings.body_idle_timeout_seconds)
     app.add_middleware(AccessLogMiddleware)
     app.add_middleware(RequestIdMiddleware)
     return app

@@ -14,8 +14,8 @@ from sqlalchemy import update
 
 from app.cli import check_bind_safety
 from app.config import Settings
-from app.db.session import session_scope, upgrade
 from app.db.models import ApiKey
+from app.db.session import session_scope, upgrade
 from app.services.auth import create_key, ensure_project
 from tests.forms import Part, content_type, multipart
 from tests.harness import RunningServer, running_server

@@ -1,22 +1,95 @@
-"""JSON request bodies read whatever the Content-Type says.
+"""Request bodies: size limits while they stream, and JSON read whatever the Content-Type says.
 
 OpenAI's own curl examples post JSON with curl's default form Content-Type, and
 the SDK sends `Content-Type: application/json` with an empty body on bodiless POSTs.
 """
 
+import asyncio
 from typing import Any, TypeVar
 
 import orjson
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
+from starlette.requests import ClientDisconnect
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.api.nul_bytes import check_json
 from app.errors import OpenAIError, validation_error
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
 
+def too_large(limit: int) -> OpenAIError:
+    return OpenAIError(
+        f"Request body too large: at most {limit} bytes are accepted.",
+        status_code=413,
+        code="request_too_large",
+    )
+
+
+def client_disconnected() -> OpenAIError:
+    """Nobody reads this answer: it logs the request as the client's doing (499), not a 500."""
+    return OpenAIError(
+        "The client disconnected before the body was complete.",
+        status_code=499,
+        code="client_disconnected",
+    )
+
+
+class BodyTimeoutMiddleware:
+    """Ends a request whose body stalls: no bytes for `idle_seconds` is a 408, and the
+    connection closes (uvicorn has no body timeout of its own)."""
+
+    def __init__(self, app: ASGIApp, idle_seconds: float) -> None:
+        self.app = app
+        self.idle_seconds = idle_seconds
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        body_done = False
+
+        async def receive_in_time() -> Message:
+            nonlocal body_done
+            if body_done:
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), self.idle_seconds)
+            except TimeoutError:
+                raise OpenAIError(
+                    f"The request body stalled: no bytes for {self.idle_seconds:g} seconds.",
+                    status_code=408,
+                    code="request_timeout",
+                ) from None
+            body_done = message["type"] != "http.request" or not message.get("more_body")
+            return message
+
+        await self.app(scope, receive_in_time, send)
+
+
+def check_declared_length(request: Request, max_body: int) -> None:
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > max_body:
+        raise too_large(max_body)
+
+
+async def read_body(request: Request, max_body: int) -> bytes:
+    """The whole body, refused (413) as soon as it passes `max_body` bytes."""
+    check_declared_length(request, max_body)
+    received = bytearray()
+    try:
+        async for chunk in request.stream():
+            received += chunk
+            if len(received) > max_body:
+                raise too_large(max_body)
+    except ClientDisconnect:
+        raise client_disconnected() from None
+    return bytes(received)
+
+
 async def read_json(request: Request, model: type[ModelT]) -> ModelT:
-    raw = await request.body()
+    raw = await read_body(request, request.app.state.settings.max_json_body_bytes)
     try:
         data: Any = orjson.loads(raw) if raw.strip() else {}
     except orjson.JSONDecodeError:
@@ -26,6 +99,7 @@ async def read_json(request: Request, model: type[ModelT]) -> ModelT:
         ) from None
     if not isinstance(data, dict):
         raise OpenAIError("The request body must be a JSON object.")
+    check_json(data)
     try:
         return model.model_validate(data)
     except ValidationError as exc:

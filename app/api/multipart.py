@@ -20,6 +20,7 @@ from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
+from app.api.body import check_declared_length, client_disconnected, too_large
 from app.errors import OpenAIError
 
 FLUSH_BYTES = 1 << 20
@@ -62,14 +63,6 @@ def malformed(detail: str) -> OpenAIError:
 def missing_part(name: str) -> OpenAIError:
     return OpenAIError(
         f"Missing required parameter: '{name}'.", param=name, code="missing_required_parameter"
-    )
-
-
-def too_large(limit: int) -> OpenAIError:
-    return OpenAIError(
-        f"Request body too large: at most {limit} bytes are accepted.",
-        status_code=413,
-        code="request_too_large",
     )
 
 
@@ -203,12 +196,6 @@ def _boundary(content_type: str | None) -> bytes:
     return boundary
 
 
-def _check_declared_length(request: Request, max_body: int) -> None:
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > max_body:
-        raise too_large(max_body)
-
-
 async def read_multipart(
     request: Request, *, stream_field: str, open_sink: OpenSink, max_body: int
 ) -> Form:
@@ -219,7 +206,7 @@ async def read_multipart(
     sink, which the caller then commits or aborts.
     """
     boundary = _boundary(request.headers.get("content-type"))
-    _check_declared_length(request, max_body)
+    check_declared_length(request, max_body)
     collector = _Collector(stream_field, open_sink)
     try:
         parser = MultipartParser(boundary, collector.callbacks())
@@ -253,8 +240,7 @@ async def read_multipart(
         if collector.sink is not None:
             collector.sink.abort()
         if isinstance(exc, ClientDisconnect):
-            # Nobody will read this answer; it only keeps the log free of a traceback.
-            raise OpenAIError("The client disconnected before the body was complete.") from None
+            raise client_disconnected() from None
         raise
     return Form(collector.fields, collector.streamed, collector.sink)
 

@@ -15,7 +15,7 @@ class UploadCreate(RequestModel):
     # Checked by the service, for the same messages as `POST /files`.
     purpose: str
     bytes: int = Field(ge=0)
-    mime_type: str
+    mime_type: str = Field(max_length=256)
     expires_after: ExpiresAfter | None = None
 
 

@@ -1,0 +1,97 @@
+"""Bodies the server will not hold (too large, stalled) and methods no route takes."""
+
+import socket
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from app.config import Settings
+from tests.harness import RunningServer, running_server
+from tests.spec import assert_error
+
+LIMIT = 64 * 1024
+
+
+@pytest.fixture
+def limited(settings: Settings) -> Iterator[RunningServer]:
+    update = {"max_json_body_bytes": LIMIT, "body_idle_timeout_seconds": 1.0}
+    with running_server(settings.model_copy(update=update)) as server:
+        yield server
+
+
+def _connect(server: RunningServer) -> socket.socket:
+    host, port = server.url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=10)
+
+
+def _response(sock: socket.socket) -> bytes:
+    received = b""
+    while b"\r\n\r\n" not in received and (chunk := sock.recv(65536)):
+        received += chunk
+    return received
+
+
+@pytest.mark.parametrize("path", ["/v1/batches", "/v1/uploads", "/v1/admin/api_keys"])
+def test_a_json_body_past_the_limit_is_refused_while_it_streams(
+    limited: RunningServer, path: str
+) -> None:
+    with _connect(limited) as sock:
+        sock.sendall(
+            f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            "Transfer-Encoding: chunked\r\n\r\n".encode()
+        )
+        sent = 0
+        sock.settimeout(0.01)
+        answer = b""
+        # Up to 1 GiB if the server kept reading: it must answer long before.
+        while sent < 1 << 30 and not answer:
+            chunk = b'{"k": "' + b"x" * 65_000 + b'"}'
+            try:
+                sock.sendall(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+                sent += len(chunk)
+                answer = sock.recv(65536)
+            except TimeoutError:
+                continue
+            except (BrokenPipeError, ConnectionResetError):
+                break
+        sock.settimeout(10)
+        answer += _response(sock)
+    assert answer.startswith(b"HTTP/1.1 413 "), answer[:200]
+    assert b'"code":"request_too_large"' in answer
+    assert sent < 16 * LIMIT
+
+
+def test_a_declared_length_past_the_limit_is_refused_at_once(limited: RunningServer) -> None:
+    with httpx.Client(base_url=limited.url) as http:
+        big = b'{"project": "' + b"p" * LIMIT + b'"}'
+        error = assert_error(http.post("/v1/admin/api_keys", content=big), 413)
+        assert error["code"] == "request_too_large" and str(LIMIT) in error["message"]
+        small = http.post("/v1/admin/api_keys", json={"project": "p"})
+        assert small.status_code == 200
+
+
+def test_a_stalled_body_is_ended_and_its_connection_closed(limited: RunningServer) -> None:
+    with _connect(limited) as sock:
+        sock.sendall(
+            b"POST /v1/batches HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n" + b'{"a": '
+        )
+        started = time.monotonic()
+        answer = _response(sock)
+        assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
+        assert time.monotonic() - started < 5
+        sock.settimeout(5)
+        while sock.recv(65536):
+            pass  # the server closes the connection: recv returns b""
+
+
+def test_an_unsupported_method_is_405_with_allow(http: httpx.Client) -> None:
+    for method, path, allowed in (
+        ("TRACE", "/v1/files", "GET, POST"),
+        ("PUT", "/v1/batches/batch_x", "GET"),
+        ("PATCH", "/v1/admin/api_keys/key_x", "DELETE"),
+    ):
+        response = http.request(method, path)
+        assert_error(response, 405)
+        assert response.headers["allow"] == allowed
