@@ -1,5 +1,6 @@
 """OpenAI's error envelope for every failure, and the handlers that produce it."""
 
+import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -7,6 +8,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
+
+from app.storage.base import StorageFull
+
+log = logging.getLogger("overnight.api")
 
 _TYPES = {401: "invalid_request_error", 403: "invalid_request_error", 429: "rate_limit_error"}
 
@@ -108,6 +113,20 @@ def install_error_handlers(app: FastAPI) -> None:
         else:
             message = str(exc.detail)
         return error_response(OpenAIError(message, status_code=exc.status_code, headers=headers))
+
+    @app.exception_handler(StorageFull)
+    async def _storage_full(_request: Request, exc: StorageFull) -> JSONResponse:
+        log.error("storage full: %s", exc)
+        return error_response(
+            OpenAIError(
+                "The server's file storage is full: nothing of this request was kept. "
+                "Try again once space has been freed.",
+                status_code=507,
+                code="storage_full",
+                # The SDK would retry a 5xx at once; space comes back only when someone acts.
+                headers={"x-should-retry": "false"},
+            )
+        )
 
     @app.exception_handler(Exception)
     async def _unexpected(_request: Request, _exc: Exception) -> JSONResponse:

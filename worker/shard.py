@@ -18,6 +18,7 @@ from sqlalchemy.exc import IntegrityError
 from app.config import Settings
 from app.db.session import session_scope
 from app.storage import Storage
+from app.storage.base import StorageFull
 from worker import claim, reader
 from worker.claim import BatchState, Lease
 from worker.engine import EngineResult
@@ -196,12 +197,14 @@ class ShardRun:
         if self._pending is None:
             self._pending = self.writer.seal()
         chunk = self._pending
-        # Close the shard only with its last lines, never ahead of them.
-        closing = done and self.writer.buffered == 0
         try:
-            if chunk is not None:
-                await asyncio.to_thread(self.writer.write, chunk)
-            state = await asyncio.to_thread(self._record, chunk, closing, release and not closing)
+            stored = await self._store(chunk)
+            # Close the shard only with its last lines, never ahead of them.
+            closing = done and stored and self.writer.buffered == 0
+            recorded = chunk if stored else None
+            state = await asyncio.to_thread(
+                self._record, recorded, closing, release and not closing
+            )
         except Exception as exc:
             if time.monotonic() - self._last_heartbeat > self.options.lease_seconds * 2 / 3:
                 raise HeartbeatLost(
@@ -210,18 +213,40 @@ class ShardRun:
             log.warning("checkpoint of shard %s failed, retrying: %s", self.lease.shard_id, exc)
             return RETRY
         self._last_heartbeat = time.monotonic()
-        self._pending = None
+        if stored:
+            self._pending = None
         if state is None:
-            if chunk is not None:
-                await asyncio.to_thread(self.storage.delete, chunk.key)
+            if recorded is not None:
+                await asyncio.to_thread(self.storage.delete, recorded.key)
             return None
-        if chunk is not None:
-            self.recorded += chunk.lines
+        if recorded is not None:
+            self.recorded += recorded.lines
         if closing:
             return BatchState("done", state.expires_at)
-        if done:
+        if done and stored:
             self._wake.set()
         return state
+
+    async def _store(self, chunk: Chunk | None) -> bool:
+        """Writes the chunk; False while the store is full, keeping it for the next tick.
+
+        The lease is renewed all the same, so a full store pauses the shard (its results
+        wait in memory) instead of losing it; nothing persisted is ever at stake.
+        """
+        if chunk is None:
+            return True
+        try:
+            await asyncio.to_thread(self.writer.write, chunk)
+        except StorageFull as exc:
+            log.warning(
+                "shard %s of %s: %d results wait in memory: %s",
+                self.lease.index,
+                self.lease.batch_id,
+                chunk.lines + self.writer.buffered,
+                exc,
+            )
+            return False
+        return True
 
     def _record(self, chunk: Chunk | None, done: bool, release: bool) -> BatchState | None:
         row = (chunk.sequence, chunk.key, chunk.lines) if chunk else None

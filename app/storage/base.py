@@ -22,6 +22,11 @@ def check_key(key: str) -> str:
     return key
 
 
+class StorageFull(Exception):
+    """The store refused a write for want of space (a full disk, an S3 quota): the object
+    being written was discarded, nothing half-written is visible."""
+
+
 @dataclass(frozen=True)
 class StoredObject:
     key: str

@@ -1,19 +1,33 @@
 """Storage in a local directory: temp file + fsync + rename makes each write atomic."""
 
+import contextlib
+import errno
 import os
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from app.storage.base import READ_CHUNK, HashingCounter, StoredObject, check_key
+from app.storage.base import READ_CHUNK, HashingCounter, StorageFull, StoredObject, check_key
+
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _full(root: Path, exc: OSError) -> StorageFull:
+    return StorageFull(f"the file store at {root} is full ({exc.strerror})")
 
 
 class LocalWriter:
     def __init__(self, storage: "LocalStorage", key: str) -> None:
         self.key = key
+        self._root = storage.root
         self._final = storage.path(key)
-        fd, tmp = tempfile.mkstemp(dir=storage.tmp_dir, prefix="w-")
+        try:
+            fd, tmp = tempfile.mkstemp(dir=storage.tmp_dir, prefix="w-")
+        except OSError as exc:
+            if exc.errno in _NO_SPACE:
+                raise _full(self._root, exc) from exc
+            raise
         self._tmp = Path(tmp)
         self._file = os.fdopen(fd, "wb")
         self._counter = HashingCounter()
@@ -24,19 +38,34 @@ class LocalWriter:
 
     def write(self, data: bytes) -> None:
         self._counter.update(data)
-        self._file.write(data)
+        try:
+            self._file.write(data)
+        except OSError as exc:
+            self._refused(exc)
 
     def commit(self) -> StoredObject:
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
-        self._final.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(self._tmp, self._final)
+        try:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+            self._final.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(self._tmp, self._final)
+        except OSError as exc:
+            self._refused(exc)
         return StoredObject(self.key, self._counter.bytes, self._counter.sha256.hexdigest())
 
     def abort(self) -> None:
-        self._file.close()
+        # A full disk may refuse even the buffered bytes a close flushes: the file goes anyway.
+        with contextlib.suppress(OSError):
+            self._file.close()
         self._tmp.unlink(missing_ok=True)
+
+    def _refused(self, exc: OSError) -> None:
+        """Frees what the temp file holds, and names a full store for what it is."""
+        self.abort()
+        if exc.errno in _NO_SPACE:
+            raise _full(self._root, exc) from exc
+        raise exc
 
 
 class LocalStorage:

@@ -6,15 +6,15 @@ whole or not at all; an object smaller than one part is a single PUT at commit.
 
 import contextlib
 import time
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from app.storage.base import READ_CHUNK, HashingCounter, StoredObject, check_key
+from app.storage.base import READ_CHUNK, HashingCounter, StorageFull, StoredObject, check_key
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -52,6 +52,20 @@ def _is_missing(exc: ClientError) -> bool:
     return _error_code(exc) in ("404", "NoSuchKey", "NotFound")
 
 
+# What S3-compatible stores answer when out of space or over a quota (MinIO, Ceph, others).
+_NO_SPACE_CODES = {
+    "XMinioStorageFull",
+    "XMinioAdminBucketQuotaExceeded",
+    "InsufficientStorage",
+    "QuotaExceeded",
+}
+
+
+def _refused_for_space(exc: ClientError) -> bool:
+    status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return _error_code(exc) in _NO_SPACE_CODES or status == 507
+
+
 class S3Writer:
     def __init__(self, client: "S3Client", bucket: str, name: str, key: str) -> None:
         self.key = key
@@ -69,20 +83,14 @@ class S3Writer:
         self._counter.update(data)
         self._buffer += data
         while len(self._buffer) >= PART_SIZE:
-            self._upload_part(bytes(self._buffer[:PART_SIZE]))
+            self._sending(self._upload_part, bytes(self._buffer[:PART_SIZE]))
             del self._buffer[:PART_SIZE]
 
     def commit(self) -> StoredObject:
-        try:
-            if self._upload_id is None:
-                self._client.put_object(
-                    Bucket=self._bucket, Key=self._name, Body=bytes(self._buffer)
-                )
-            else:
-                self._complete(self._upload_id)
-        except BaseException:
-            self.abort()
-            raise
+        if self._upload_id is None:
+            self._sending(self._put, bytes(self._buffer))
+        else:
+            self._sending(self._complete, self._upload_id)
         self._buffer = bytearray()
         return StoredObject(self.key, self._counter.bytes, self._counter.sha256.hexdigest())
 
@@ -96,6 +104,24 @@ class S3Writer:
             self._client.abort_multipart_upload(
                 Bucket=self._bucket, Key=self._name, UploadId=upload_id
             )
+
+    def _sending(self, send: "Callable[[Any], None]", argument: Any) -> None:
+        """Any failure aborts the upload; a refusal for want of space is `StorageFull`."""
+        try:
+            send(argument)
+        except ClientError as exc:
+            self.abort()
+            if _refused_for_space(exc):
+                raise StorageFull(
+                    f"the S3 store s3://{self._bucket} refuses writes: {exc}"
+                ) from exc
+            raise
+        except BaseException:
+            self.abort()
+            raise
+
+    def _put(self, data: bytes) -> None:
+        self._client.put_object(Bucket=self._bucket, Key=self._name, Body=data)
 
     def _upload_part(self, data: bytes) -> None:
         if self._upload_id is None:
