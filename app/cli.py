@@ -72,6 +72,7 @@ def access_line(access: "Access") -> str:
 def cmd_api(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from app.http_server import server_options
     from app.logging import configure_logging
     from app.main import create_app
 
@@ -88,6 +89,7 @@ def cmd_api(args: argparse.Namespace) -> int:
         port=settings.port,
         log_config=None,
         log_level=settings.log_level,
+        **server_options(settings),
     )
     return 0
 

@@ -61,6 +61,8 @@ class Settings(BaseSettings):
     max_json_body_bytes: int = 4 * MB
     # A request body that sends nothing for this long is ended (408) and its connection closed.
     body_idle_timeout_seconds: float = 30.0
+    # A connection whose request line and headers are not all in after this long is closed.
+    header_timeout_seconds: float = 10.0
     upload_ttl_seconds: int = 3600
     batch_file_ttl_seconds: int = 30 * 24 * 3600
 

@@ -16,6 +16,7 @@ from moto.server import ThreadedMotoServer
 
 from app.config import Settings
 from app.db.session import engine_for
+from app.http_server import server_options
 from app.main import create_app
 
 POSTGRES_ADMIN_URL = os.environ.get(
@@ -65,7 +66,12 @@ def running_server(settings: Settings) -> Iterator[RunningServer]:
     port = free_port()
     settings = settings.model_copy(update={"host": "127.0.0.1", "port": port})
     config = uvicorn.Config(
-        create_app(settings), host="127.0.0.1", port=port, log_level="warning", lifespan="on"
+        create_app(settings),
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        lifespan="on",
+        **server_options(settings),
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)

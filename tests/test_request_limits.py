@@ -16,7 +16,11 @@ LIMIT = 64 * 1024
 
 @pytest.fixture
 def limited(settings: Settings) -> Iterator[RunningServer]:
-    update = {"max_json_body_bytes": LIMIT, "body_idle_timeout_seconds": 1.0}
+    update = {
+        "max_json_body_bytes": LIMIT,
+        "body_idle_timeout_seconds": 1.0,
+        "header_timeout_seconds": 1.0,
+    }
     with running_server(settings.model_copy(update=update)) as server:
         yield server
 
@@ -84,6 +88,30 @@ def test_a_stalled_body_is_ended_and_its_connection_closed(limited: RunningServe
         sock.settimeout(5)
         while sock.recv(65536):
             pass  # the server closes the connection: recv returns b""
+
+
+@pytest.mark.parametrize(
+    "sent", [b"", b"GET /v1/files HTTP/1.1\r\nHost: x\r\n", b"GET /v1/files HTTP/1.1\r\n"]
+)
+def test_a_trickled_request_head_is_closed(limited: RunningServer, sent: bytes) -> None:
+    with _connect(limited) as sock:
+        sock.sendall(sent)
+        started = time.monotonic()
+        while time.monotonic() - started < 5:
+            try:
+                sock.sendall(b"X-Slow: 1\r\n" if sent else b"")
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            sock.settimeout(0.3)
+            try:
+                if sock.recv(65536) == b"":
+                    break
+            except TimeoutError:
+                continue
+        assert time.monotonic() - started < 3, "the connection was never closed"
+    # A request sent whole on a fresh connection is served as usual.
+    with httpx.Client(base_url=limited.url) as http:
+        assert http.get("/v1/files").status_code == 200
 
 
 def test_an_unsupported_method_is_405_with_allow(http: httpx.Client) -> None:
