@@ -43,7 +43,11 @@ def test_health_and_readiness(http: httpx.Client, settings: Settings) -> None:
     assert http.get("/healthz").json() == {"status": "ok"}
     ready = http.get("/readyz")
     assert ready.status_code == 200
-    assert ready.json() == {"status": "ok", "checks": {"database": "ok", "storage": "ok"}}
+    assert ready.json() == {
+        "status": "ok",
+        "access": "open",
+        "checks": {"database": "ok", "storage": "ok"},
+    }
     assert "x-request-id" in ready.headers
     # Storage that cannot write: the temp folder has become a file.
     tmp = settings.storage_dir / ".tmp"
