@@ -57,7 +57,7 @@ def fuzzed(settings: Settings, caplog: pytest.LogCaptureFixture) -> Iterator[Run
 
 @schema.parametrize()
 @settings(
-    max_examples=15,
+    max_examples=100,
     deadline=None,
     suppress_health_check=list(HealthCheck),
     derandomize=True,
