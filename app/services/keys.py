@@ -56,7 +56,7 @@ def revoke_key(session: Session, key_id: str, *, admin_key_configured: bool) -> 
             raise OpenAIError(
                 f"{key.id} is the last admin key: revoking it would leave nobody able to "
                 "manage keys. Create another admin key first (on the server's machine, "
-                "`overnight keys create --role admin --project NAME` works on its database "
+                "`overnight keys create --role admin` works on its database "
                 "directly), or set OVERNIGHT_ADMIN_KEY.",
                 status_code=409,
                 code="last_admin_key",
