@@ -83,7 +83,7 @@ def test_a_stalled_body_is_ended_and_its_connection_closed(limited: RunningServe
         started = time.monotonic()
         answer = _response(sock)
         assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
-        assert time.monotonic() - started < 5
+        assert time.monotonic() - started < 9  # a 1 s timeout, on a loaded 2-core machine
         sock.settimeout(5)
         while sock.recv(65536):
             pass  # the server closes the connection: recv returns b""
@@ -107,7 +107,7 @@ def test_a_trickled_request_head_is_closed(limited: RunningServer, sent: bytes) 
                     break
             except TimeoutError:
                 continue
-        assert time.monotonic() - started < 3, "the connection was never closed"
+        assert time.monotonic() - started < 4.5, "the connection was never closed"
     # A request sent whole on a fresh connection is served as usual.
     with httpx.Client(base_url=limited.url) as http:
         assert http.get("/v1/files").status_code == 200
