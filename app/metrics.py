@@ -19,9 +19,10 @@ from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.config import Settings
-from app.db.models import BATCH_STATUSES
+from app.core.states import BatchStatus
 from app.db.session import session_scope
 from app.logging import ResponseWatch
+from app.schemas.admin import WorkerState
 from app.services import monitoring
 from app.version import overnight_version
 
@@ -38,7 +39,7 @@ class DatabaseCollector(Collector):
             totals = monitoring.totals(session, lease)
             workers = monitoring.list_workers(session, lease)
         batches = GaugeMetricFamily("overnight_batches", "Batches by status.", labels=["status"])
-        for status in BATCH_STATUSES:
+        for status in BatchStatus:
             batches.add_metric([status], totals.batches_by_status.get(status, 0))
         yield batches
         yield GaugeMetricFamily(
@@ -62,7 +63,7 @@ class DatabaseCollector(Collector):
 
 
 def _worker_metrics(workers: list[monitoring.WorkerView]) -> Iterator[Metric]:
-    live = [w for w in workers if w.state in ("running", "idle")]
+    live = [w for w in workers if w.state in (WorkerState.RUNNING, WorkerState.IDLE)]
     count = GaugeMetricFamily("overnight_workers", "Live workers by model.", labels=["model"])
     for model in sorted({w.worker.model for w in live}):
         count.add_metric([model], sum(1 for w in live if w.worker.model == model))
@@ -82,7 +83,7 @@ def _worker_metrics(workers: list[monitoring.WorkerView]) -> Iterator[Metric]:
     for w in live:
         key = [w.worker.id, w.worker.model]
         rate.add_metric(key, w.worker.tokens_per_second)
-        busy.add_metric(key, 1.0 if w.state == "running" else 0.0)
+        busy.add_metric(key, 1.0 if w.state == WorkerState.RUNNING else 0.0)
         age.add_metric(key, w.heartbeat_age)
     yield from (rate, busy, age)
 

@@ -27,7 +27,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from sqlalchemy import select, update
 
 from app.config import ServedModel, Settings
-from app.db.models import TERMINAL_BATCH_STATUSES, Batch, File, Shard
+from app.core.states import TERMINAL_BATCH_STATUSES, BatchStatus, ShardStatus
+from app.db.models import Batch, File, Shard
 from app.db.session import session_scope, upgrade
 from app.endpoints import SUPPORTED
 from app.errors import OpenAIError
@@ -35,11 +36,11 @@ from app.schemas.batches import BatchObject, CreateBatchRequest
 from app.services import batches
 from app.services.auth import DEFAULT_PROJECT, ensure_project
 from app.services.files import create_file_from_storage, file_storage_key
-from app.services.finalizer import finalize_ready_batches
 from app.services.validation import validate_pending
 from app.storage import Storage, storage_for, storage_of
 from app.storage.base import READ_CHUNK, put
 from app.supervisor import CPU_KV_CACHE_GIB
+from worker.finalizer import finalize_ready_batches
 from worker.models import source_of, unavailable
 
 STATE_FILE = "run-batch.json"
@@ -212,7 +213,7 @@ def take_over(settings: Settings, batch_id: str) -> None:
     with session_scope(settings) as session:
         session.execute(
             update(Shard)
-            .where(Shard.batch_id == batch_id, Shard.status == "running")
+            .where(Shard.batch_id == batch_id, Shard.status == ShardStatus.RUNNING)
             .values(heartbeat_at=0.0)
         )
         session.execute(
@@ -279,7 +280,7 @@ def run(settings: Settings, state: State, engine_argv: list[str]) -> BatchObject
     """Validates, runs and finalises the batch (whatever of it is left)."""
     take_over(settings, state.batch_id)
     validate_pending(settings, OWNER)
-    if batch_row(settings, state.batch_id).status == "in_progress":
+    if batch_row(settings, state.batch_id).status == BatchStatus.IN_PROGRESS:
         try:
             asyncio.run(_run_worker(settings, state.batch_id, engine_argv))
         except Exception as exc:
@@ -363,7 +364,7 @@ def main(args: argparse.Namespace, engine_argv: list[str]) -> int:
                 file=sys.stderr,
             )
             return 130
-        if batch.status == "failed":
+        if batch.status == BatchStatus.FAILED:
             raise OfflineError(_report_failure(batch))
         write_results(settings, batch, args.output_file, args.error_file)
     except (OfflineError, OSError) as exc:
@@ -376,4 +377,4 @@ def main(args: argparse.Namespace, engine_argv: list[str]) -> int:
         + (f" (errors: {args.error_file})" if args.error_file else ""),
         file=sys.stderr,
     )
-    return 0 if batch.status == "completed" else 1
+    return 0 if batch.status == BatchStatus.COMPLETED else 1

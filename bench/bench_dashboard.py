@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from server import api_server
 
 from app.config import Settings
-from app.db.models import Batch, File, Project, ResultChunk, Shard, Worker
+from app.db.models import Batch, File, Project, RegisteredWorker, ResultChunk, Shard
 from app.db.session import session_scope, upgrade
 from tests.harness import fresh_database
 
@@ -79,7 +79,7 @@ def fill(settings: Settings, batches: int) -> str:
                     for c in range(CHUNKS_PER_SHARD)
                 )  # fmt: skip
         session.add_all(
-            Worker(
+            RegisteredWorker(
                 id=f"w-{i}", host="h", pid=i, model="m", started_at=now, heartbeat_at=now,
                 current_shard_id=i + 1, tokens_per_second=100.0,
             )

@@ -17,8 +17,8 @@ import psutil
 from sqlalchemy import select
 
 from app.config import Settings
+from app.db.models import RegisteredWorker as WorkerRow
 from app.db.models import Shard
-from app.db.models import Worker as WorkerRow
 from app.db.session import session_scope
 from tests.harness import RunningServer, fresh_database, running_server
 

@@ -10,8 +10,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from app.config import Settings
+from app.core.progress import Usage
 from app.endpoints import CHAT
-from app.usage import Usage
 from worker.engine import EngineResult, error_result
 from worker.loop import Worker, WorkerOptions
 

@@ -12,12 +12,13 @@ from app.config import Settings
 from app.db.models import Batch, File, ResultChunk, Shard
 from app.db.session import session_factory, session_scope, upgrade
 from app.schemas.batches import CreateBatchRequest
-from app.services import batches, finalizer
+from app.services import batches
 from app.services.auth import DEFAULT_PROJECT, ensure_project
-from app.services.finalizer import finalize_ready_batches
 from app.services.validation import validate_pending
 from app.storage import storage_for
 from tests import batch_sim as sim
+from worker import finalizer
+from worker.finalizer import finalize_ready_batches
 
 
 @pytest.fixture

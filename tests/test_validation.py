@@ -21,7 +21,6 @@ from app.db.session import session_factory, session_scope, upgrade
 from app.schemas.batches import CreateBatchRequest
 from app.services import batches
 from app.services.auth import DEFAULT_PROJECT, ensure_project
-from app.services.finalizer import finalize_ready_batches
 from app.services.jsonl import iter_lines, scan_lines
 from app.services.validation import validate_pending
 from app.storage import storage_for
@@ -34,6 +33,7 @@ from tests.batch_sim import (
     requests_file,
     store_input_file,
 )
+from worker.finalizer import finalize_ready_batches
 
 ROOT = Path(__file__).resolve().parent.parent
 

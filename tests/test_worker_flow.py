@@ -14,9 +14,10 @@ import pytest
 from sqlalchemy import update
 
 from app.config import Settings
+from app.core.leases import ShardLease
+from app.core.progress import Progress
 from app.db.models import Batch
 from app.db.session import session_scope
-from app.services.batches import Progress
 from tests.engine_fixtures import (
     chat_line,
     jsonl,
@@ -232,7 +233,7 @@ def test_concurrent_claims_never_share_a_shard(
     batch_id = start_batch(client, jsonl([chat_line(f"r{i}") for i in range(40)]))
     wait_status(client, batch_id, "in_progress")
 
-    def take(n: int) -> claim.Lease | None:
+    def take(n: int) -> ShardLease | None:
         with session_scope(server.settings) as session:
             return claim.claim_shard(session, f"w{n}", [MODEL], 30.0)
 

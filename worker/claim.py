@@ -9,70 +9,34 @@ newer one (fencing).
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from sqlalchemy import and_, or_, select, update
 from sqlalchemy.orm import Session
 
+from app.core.leases import BatchState, ShardLease
+from app.core.progress import PROGRESS_FIELDS, Progress
+from app.core.states import BatchStatus, ShardStatus
 from app.db.models import Batch, File, ResultChunk, Shard
-from app.services.batches import Progress
-
-RUNNABLE_BATCH_STATUS = "in_progress"
-
-
-@dataclass(frozen=True)
-class Lease:
-    """A shard this worker holds, with what it needs to run it."""
-
-    shard_id: int
-    batch_id: str
-    index: int
-    first_line: int
-    line_count: int
-    byte_start: int
-    byte_end: int
-    epoch: int
-    owner: str
-    endpoint: str
-    input_key: str
-
-    def chunk_key(self, sequence: int) -> str:
-        return (
-            f"batches/{self.batch_id}/shards/{self.index:06d}/{self.epoch:06d}-{sequence:06d}.jsonl"
-        )
-
-
-@dataclass(frozen=True)
-class BatchState:
-    status: str
-    expires_at: int
-
-    def should_stop(self, now: float) -> str | None:
-        """Why a holder must let go of the batch's shards now, if it must."""
-        if self.status == "cancelling":
-            return "cancelled"
-        if self.status != RUNNABLE_BATCH_STATUS:
-            return self.status
-        if now >= self.expires_at:
-            return "expired"
-        return None
 
 
 def claim_shard(
     session: Session, owner: str, models: Sequence[str], lease_seconds: float
-) -> Lease | None:
+) -> ShardLease | None:
     """Take the oldest runnable shard: pending, or running under a lease that lapsed."""
     now = time.time()
     candidate = (
         select(Shard.id)
         .join(Batch, Batch.id == Shard.batch_id)
         .where(
-            Batch.status == RUNNABLE_BATCH_STATUS,
+            Batch.status == BatchStatus.IN_PROGRESS,
             Batch.model.in_(list(models)),
             Batch.expires_at > int(now),
             or_(
-                Shard.status == "pending",
-                and_(Shard.status == "running", Shard.heartbeat_at < now - lease_seconds),
+                Shard.status == ShardStatus.PENDING,
+                and_(
+                    Shard.status == ShardStatus.RUNNING,
+                    Shard.heartbeat_at < now - lease_seconds,
+                ),
             ),
         )
         .order_by(Batch.seq, Shard.index)
@@ -84,7 +48,7 @@ def claim_shard(
         update(Shard)
         .where(Shard.id == candidate)
         .values(
-            status="running",
+            status=ShardStatus.RUNNING,
             lease_owner=owner,
             lease_epoch=Shard.lease_epoch + 1,
             heartbeat_at=now,
@@ -102,7 +66,7 @@ def claim_shard(
         .where(Shard.id == claimed)
     ).one()
     shard: Shard = row[0]
-    return Lease(
+    return ShardLease(
         shard_id=shard.id,
         batch_id=shard.batch_id,
         index=shard.index,
@@ -130,7 +94,7 @@ def recorded_chunk_keys(session: Session, shard_id: int) -> list[str]:
 
 def checkpoint(
     session: Session,
-    lease: Lease,
+    lease: ShardLease,
     *,
     chunk: tuple[int, str, int] | None = None,
     progress: Progress | None = None,
@@ -143,26 +107,21 @@ def checkpoint(
     or None when the lease was lost (nothing was written then).
     """
     now = time.time()
-    p = progress or Progress()
-    status = "done" if done else "pending" if release else "running"
+    added = (progress or Progress()).values()
+    status = ShardStatus.DONE if done else ShardStatus.PENDING if release else ShardStatus.RUNNING
     renewed = session.execute(
         update(Shard)
         .where(
             Shard.id == lease.shard_id,
             Shard.lease_epoch == lease.epoch,
             Shard.lease_owner == lease.owner,
-            Shard.status == "running",
+            Shard.status == ShardStatus.RUNNING,
         )
+        .values({name: getattr(Shard, name) + added[name] for name in PROGRESS_FIELDS})
         .values(
-            completed=Shard.completed + p.completed,
-            failed=Shard.failed + p.failed,
-            input_tokens=Shard.input_tokens + p.input_tokens,
-            cached_tokens=Shard.cached_tokens + p.cached_tokens,
-            output_tokens=Shard.output_tokens + p.output_tokens,
-            reasoning_tokens=Shard.reasoning_tokens + p.reasoning_tokens,
             heartbeat_at=now,
             status=status,
-            lease_owner=lease.owner if status == "running" else None,
+            lease_owner=lease.owner if status == ShardStatus.RUNNING else None,
         )
         .returning(Shard.id)
         .execution_options(synchronize_session=False)

@@ -14,8 +14,8 @@ from typing import Any, Protocol
 
 import orjson
 
+from app.core.progress import Usage, usage_of
 from app.endpoints import CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES
-from app.usage import Usage, usage_of
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from app.config import Settings
+from app.core.leases import ShardLease
+from app.core.states import FINALIZABLE_OUTCOMES, ShardOutcome
 from app.db.session import session_scope
 from app.storage import Storage, storage_of
 from worker import claim, registry
 from worker.engine import Engine, EngineDeadError
+from worker.finalizer import finalize_ready_batches
 from worker.scheduler import Job, Scheduler
 from worker.shard import HeartbeatLost, RunOptions, ShardRun
 
@@ -75,8 +78,7 @@ class Worker:
             lease_seconds=settings.lease_seconds,
             drain_seconds=settings.worker_drain_seconds,
         )
-        self.active: dict[asyncio.Task[str], ShardRun] = {}
-        self.outcomes: list[tuple[str, int, str]] = []
+        self.active: dict[asyncio.Task[ShardOutcome], ShardRun] = {}
         self._changed = asyncio.Event()
         self._watchers: set[asyncio.Task[None]] = set()
         self._finalize_wanted = asyncio.Event()
@@ -136,7 +138,7 @@ class Worker:
         return len(runs) < self.options.max_active_shards and all(r.fed_all.is_set() for r in runs)
 
     async def _claim(self) -> bool:
-        def take() -> claim.Lease | None:
+        def take() -> ShardLease | None:
             with session_scope(self.settings) as session:
                 return claim.claim_shard(
                     session,
@@ -167,13 +169,13 @@ class Worker:
         await run.fed_all.wait()
         self._changed.set()
 
-    def _run_ended(self, task: "asyncio.Task[str]") -> None:
-        run = self.active.pop(task)
-        lease = run.lease
+    def _run_ended(self, task: "asyncio.Task[ShardOutcome]") -> None:
+        lease = self.active.pop(task).lease
+        error = None if task.cancelled() else task.exception()
         if task.cancelled():
-            outcome = "cancelled-task"
-        elif (error := task.exception()) is not None:
-            outcome = f"error: {error!r}"
+            outcome = ShardOutcome.ABORTED
+        elif error is not None:
+            outcome = ShardOutcome.FAILED
             if isinstance(error, HeartbeatLost | EngineDeadError) or self.scheduler.failure:
                 self._fatal = error
             else:
@@ -181,9 +183,8 @@ class Worker:
                 self._claim_after = time.monotonic() + SHARD_ERROR_PAUSE_SECONDS
         else:
             outcome = task.result()
-        log.info("shard %d of %s: %s", lease.index, lease.batch_id, outcome)
-        self.outcomes.append((lease.batch_id, lease.index, outcome))
-        if outcome in ("done", "cancelled", "expired"):
+        log.info("shard %d of %s: %s %r", lease.index, lease.batch_id, outcome, error or "")
+        if outcome in FINALIZABLE_OUTCOMES:
             self._finalize_wanted.set()
         self._changed.set()
 
@@ -221,8 +222,6 @@ class Worker:
 
     async def _finalize_now(self) -> None:
         try:
-            from app.services.finalizer import finalize_ready_batches
-
             await asyncio.to_thread(
                 finalize_ready_batches, self.settings, self.options.worker_id, self.storage
             )

@@ -4,23 +4,21 @@ from collections.abc import Iterator
 
 import orjson
 
+from app.core.chunks import decode_chunk
+from app.core.leases import ShardLease
 from app.services.jsonl import iter_lines
 from app.storage import Storage
-from worker.claim import Lease
 
 
 def finished_lines(storage: Storage, chunk_keys: list[str]) -> set[int]:
     """Line numbers that already have a recorded result in these chunks."""
-    done: set[int] = set()
-    for key in chunk_keys:
-        for raw in b"".join(storage.read(key)).splitlines():
-            if raw.strip():
-                done.add(int(orjson.loads(raw)["line"]))
-    return done
+    return {
+        line for key in chunk_keys for line, _output in decode_chunk(b"".join(storage.read(key)))
+    }
 
 
 def read_requests(
-    storage: Storage, lease: Lease, skip: set[int]
+    storage: Storage, lease: ShardLease, skip: set[int]
 ) -> Iterator[tuple[int, str, dict[str, object]]]:
     """`(line number, custom_id, body)` of each request of the shard not in `skip`.
 

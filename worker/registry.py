@@ -8,7 +8,7 @@ import time
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
-from app.db.models import Worker
+from app.db.models import RegisteredWorker
 
 
 def new_worker_id() -> str:
@@ -18,7 +18,7 @@ def new_worker_id() -> str:
 def register(session: Session, worker_id: str, model: str) -> None:
     now = time.time()
     session.merge(
-        Worker(
+        RegisteredWorker(
             id=worker_id,
             host=socket.gethostname(),
             pid=os.getpid(),
@@ -36,8 +36,8 @@ def heartbeat(
     session: Session, worker_id: str, current_shard_id: int | None, tokens_per_second: float
 ) -> None:
     session.execute(
-        update(Worker)
-        .where(Worker.id == worker_id)
+        update(RegisteredWorker)
+        .where(RegisteredWorker.id == worker_id)
         .values(
             heartbeat_at=time.time(),
             current_shard_id=current_shard_id,
@@ -48,7 +48,7 @@ def heartbeat(
 
 def stopped(session: Session, worker_id: str) -> None:
     session.execute(
-        update(Worker)
-        .where(Worker.id == worker_id)
+        update(RegisteredWorker)
+        .where(RegisteredWorker.id == worker_id)
         .values(stopped_at=time.time(), current_shard_id=None, tokens_per_second=0.0)
     )

@@ -12,15 +12,17 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
+from enum import Enum
 
 from sqlalchemy.exc import IntegrityError
 
 from app.config import Settings
+from app.core.leases import BatchState, ShardLease
+from app.core.states import ShardOutcome
 from app.db.session import session_scope
 from app.storage import Storage
 from app.storage.base import StorageFull
 from worker import claim, reader
-from worker.claim import BatchState, Lease
 from worker.engine import EngineResult
 from worker.scheduler import Job, Scheduler
 from worker.writer import Chunk, ResultWriter
@@ -28,11 +30,25 @@ from worker.writer import Chunk, ResultWriter
 log = logging.getLogger("overnight.worker")
 
 READ_BATCH = 64
-RETRY = object()
 
 
 class HeartbeatLost(RuntimeError):
     """The lease could not be renewed in time: the worker must stop taking work."""
+
+
+class Renewal(Enum):
+    RENEWED = "renewed"
+    CLOSED = "closed"  # the shard is done, with its last lines
+    LOST = "lost"  # someone else holds the lease: nothing was written
+    FAILED = "failed"  # the database or the store failed; the next tick may repair it
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """What one checkpoint did, and the batch's state if the lease was renewed."""
+
+    renewal: Renewal
+    state: BatchState | None = None
 
 
 @dataclass(frozen=True)
@@ -50,7 +66,7 @@ class ShardRun:
         settings: Settings,
         storage: Storage,
         scheduler: Scheduler,
-        lease: Lease,
+        lease: ShardLease,
         options: RunOptions,
     ) -> None:
         self.settings = settings
@@ -87,8 +103,8 @@ class ShardRun:
             self.fed_all.set()
             self._wake.set()
 
-    async def run(self) -> str:
-        """Returns how it ended: done, cancelled, expired, released or lost."""
+    async def run(self) -> ShardOutcome:
+        """Returns how it ended."""
         keys = await asyncio.to_thread(self._recorded_keys)
         skip = await asyncio.to_thread(reader.finished_lines, self.storage, keys)
         self.recorded = len(skip)
@@ -118,7 +134,7 @@ class ShardRun:
         self.fed_all.set()
         self._wake.set()
 
-    async def _supervise(self, feeder: "asyncio.Task[None]") -> str:
+    async def _supervise(self, feeder: "asyncio.Task[None]") -> ShardOutcome:
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.options.checkpoint_seconds)
@@ -135,17 +151,14 @@ class ShardRun:
                     return await self._let_go()
                 if not finished and time.monotonic() >= self._stop_deadline:
                     return await self._let_go()
-            state = await self._checkpoint(done=finished)
-            if state is RETRY:
-                continue
-            if state is None:
+            checkpoint = await self._checkpoint(done=finished)
+            if checkpoint.renewal is Renewal.LOST:
                 await self.scheduler.abort(self)
-                return "lost"
-            assert isinstance(state, BatchState)
-            if state.status == "done":
+                return ShardOutcome.LOST
+            if checkpoint.renewal is Renewal.CLOSED:
                 self._check_complete()
-                return "done"
-            if reason := state.should_stop(time.time()):
+                return ShardOutcome.DONE
+            if checkpoint.state and (reason := checkpoint.state.should_stop(time.time())):
                 return await self._let_go(reason)
 
     def _has_every_line(self) -> bool:
@@ -162,7 +175,7 @@ class ShardRun:
                 self.lease.line_count,
             )
 
-    async def _let_go(self, reason: str = "released") -> str:
+    async def _let_go(self, reason: ShardOutcome = ShardOutcome.RELEASED) -> ShardOutcome:
         """Abort what runs, keep what finished, hand the shard back."""
         self.fed_all.set()
         aborted = await self.scheduler.abort(self)
@@ -175,25 +188,21 @@ class ShardRun:
         )
         while True:
             try:
-                state = await self._checkpoint(release=True)
+                checkpoint = await self._checkpoint(release=True)
             except HeartbeatLost:
-                return "lost"
-            if state is not RETRY:
-                return reason if state is not None else "lost"
+                return ShardOutcome.LOST
+            if checkpoint.renewal is Renewal.LOST:
+                return ShardOutcome.LOST
+            if checkpoint.renewal is not Renewal.FAILED:
+                return reason
             await asyncio.sleep(self.options.checkpoint_seconds)
 
     def _recorded_keys(self) -> list[str]:
         with session_scope(self.settings) as session:
             return claim.recorded_chunk_keys(session, self.lease.shard_id)
 
-    async def _checkpoint(
-        self, done: bool = False, release: bool = False
-    ) -> "BatchState | object | None":
-        """Store finished lines and renew the lease.
-
-        Returns the batch's state (status `done` once the shard is closed), None if the lease
-        was lost, RETRY after a failure that the next tick may repair.
-        """
+    async def _checkpoint(self, done: bool = False, release: bool = False) -> Checkpoint:
+        """Store finished lines and renew the lease (or close or release the shard)."""
         if self._pending is None:
             self._pending = self.writer.seal()
         chunk = self._pending
@@ -211,21 +220,21 @@ class ShardRun:
                     f"cannot renew the lease of shard {self.lease.shard_id}"
                 ) from exc
             log.warning("checkpoint of shard %s failed, retrying: %s", self.lease.shard_id, exc)
-            return RETRY
+            return Checkpoint(Renewal.FAILED)
         self._last_heartbeat = time.monotonic()
         if stored:
             self._pending = None
         if state is None:
             if recorded is not None:
                 await asyncio.to_thread(self.storage.delete, recorded.key)
-            return None
+            return Checkpoint(Renewal.LOST)
         if recorded is not None:
             self.recorded += recorded.lines
         if closing:
-            return BatchState("done", state.expires_at)
+            return Checkpoint(Renewal.CLOSED, state)
         if done and stored:
             self._wake.set()
-        return state
+        return Checkpoint(Renewal.RENEWED, state)
 
     async def _store(self, chunk: Chunk | None) -> bool:
         """Writes the chunk; False while the store is full, keeping it for the next tick.

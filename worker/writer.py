@@ -1,19 +1,17 @@
-"""Result lines of one leased shard, sealed into immutable chunk objects.
+"""Result lines of one leased shard, sealed into immutable chunk objects (`app.core.chunks`).
 
-Each chunk line is `{"line": <physical line number>, "output": <the exact output/error file
-line>}`. The lines wait in memory only until the next checkpoint (≤ 1 s).
+The lines wait in memory only until the next checkpoint (≤ 1 s).
 """
 
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
+from app.core.chunks import encode_chunk, encode_line
+from app.core.leases import ShardLease
+from app.core.progress import Progress
 from app.ids import new_batch_request_id
-from app.services.batches import Progress
 from app.storage import Storage
 from app.storage.base import put
-from worker.claim import Lease
 from worker.engine import EngineResult
 from worker.scheduler import Job
 
@@ -49,7 +47,7 @@ def output_line(job: Job, result: EngineResult, copied: bool) -> dict[str, Any]:
 @dataclass
 class ResultWriter:
     storage: Storage
-    lease: Lease
+    lease: ShardLease
     _lines: list[bytes] = field(default_factory=list)
     _progress: Progress = field(default_factory=Progress)
     _sequence: int = 0
@@ -59,18 +57,8 @@ class ResultWriter:
         return len(self._lines)
 
     def add(self, job: Job, result: EngineResult, copied: bool) -> None:
-        line = {"line": job.line, "output": output_line(job, result, copied)}
-        self._lines.append(orjson.dumps(line))
-        p = self._progress
-        if result.ok:
-            p.completed += 1
-            usage = result.usage
-            p.input_tokens += usage.input_tokens
-            p.cached_tokens += usage.cached_tokens
-            p.output_tokens += usage.output_tokens
-            p.reasoning_tokens += usage.reasoning_tokens
-        else:
-            p.failed += 1
+        self._lines.append(encode_line(job.line, output_line(job, result, copied)))
+        self._progress.add(result.ok, result.usage)
 
     def seal(self) -> Chunk | None:
         """Take the buffered lines as the next chunk, or None if there are none."""
@@ -79,7 +67,7 @@ class ResultWriter:
         chunk = Chunk(
             sequence=self._sequence,
             key=self.lease.chunk_key(self._sequence),
-            data=b"\n".join(self._lines) + b"\n",
+            data=encode_chunk(self._lines),
             lines=len(self._lines),
             progress=self._progress,
         )

@@ -7,6 +7,7 @@ with `read_json`) are moved into components, and the 422 responses FastAPI adds 
 replaced by OpenAI's error envelope, which is what the API really returns.
 """
 
+import json
 import re
 from typing import Any
 
@@ -172,6 +173,14 @@ def _errors_and_security(doc: dict[str, Any]) -> None:
                 op["security"] = [{"ApiKeyAuth": []}]
 
 
+def _drop_inline_enums(doc: dict[str, Any]) -> None:
+    """Enums described in place (`inline_enum`) need no component of their own."""
+    schemas = doc["components"]["schemas"]
+    text = json.dumps(doc["paths"]) + json.dumps(schemas)
+    for name in [n for n, s in schemas.items() if "enum" in s and f'"{REF}{n}"' not in text]:
+        del schemas[name]
+
+
 def build_openapi(app: FastAPI) -> dict[str, Any]:
     doc = get_openapi(
         title=app.title,
@@ -184,6 +193,7 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
     _hoist_inline_bodies(doc)
     _apply_openai_names(doc)
     _errors_and_security(doc)
+    _drop_inline_enums(doc)
     return doc
 
 

@@ -5,7 +5,7 @@ from typing import Any
 
 from app.client import batches, files, keys
 from app.client.connection import Command, add_connection_args, reports_errors
-from app.db.models import BATCH_STATUSES
+from app.core.states import BatchStatus
 from app.services.auth import DEFAULT_PROJECT
 
 
@@ -38,7 +38,9 @@ def _batches(sub: Any) -> None:
 
     p = _command(group, "list", batches.cmd_list, "the newest batches", json=True)
     p.add_argument("--limit", type=int, default=20, help="how many (default: 20)")
-    p.add_argument("--status", choices=BATCH_STATUSES, help="only batches in this status")
+    p.add_argument(
+        "--status", choices=[s.value for s in BatchStatus], help="only batches in this status"
+    )
     for name, func, text in (
         ("show", batches.cmd_show, "one batch: status, counts, timeline, errors"),
         ("cancel", batches.cmd_cancel, "cancel a batch"),

@@ -22,6 +22,7 @@ from starlette.concurrency import run_in_threadpool
 from app.api.body import read_json
 from app.api.deps import AccessDep, SessionDep, SettingsDep, StorageDep
 from app.api.routes.admin import create_key_object, key_object
+from app.core.states import BatchStatus
 from app.dashboard import views
 from app.dashboard.auth import (
     COOKIE,
@@ -31,12 +32,13 @@ from app.dashboard.auth import (
     is_admin_key,
     safe_next,
 )
-from app.db.models import BATCH_STATUSES, Batch, File
+from app.db.models import Batch, File
 from app.errors import not_found
 from app.schemas.admin import CreateApiKeyRequest
 from app.services import batches, keys, monitoring
 from app.services.files import open_file_content
 from app.services.housekeeping import FINALISATION, wake
+from app.services.throughput import throughput_series
 from app.version import overnight_version
 
 HERE = Path(__file__).parent
@@ -160,7 +162,7 @@ def batches_page(
         session,
         "batches.html",
         rows=rows,
-        status_options=[(s, s) for s in BATCH_STATUSES],
+        status_options=[(s.value, s.value) for s in BatchStatus],
         project_options=_project_options(session),
         status=status,
         project=project,
@@ -175,7 +177,7 @@ def _batch_detail(session: Session, batch_id: str, lease: float) -> views.Row:
     ids = [i for i in (b.input_file_id, b.output_file_id, b.error_file_id) if i]
     files = {f.id: f for f in session.scalars(select(File).where(File.id.in_(ids)))}
     detail = views.batch_detail(view, files, time.time())
-    series = b.throughput or monitoring.throughput_series(session, batch_id)
+    series = b.throughput or throughput_series(session, batch_id)
     detail["series"] = series = [(t, rate) for t, rate in series]
     detail["chart_caption"] = views.chart_caption(series, view.batch.status)
     return detail

@@ -9,7 +9,8 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from app.db.models import File, Worker
+from app.core.states import CANCELLABLE_BATCH_STATUSES, TERMINAL_BATCH_STATUSES, BatchStatus
+from app.db.models import File, RegisteredWorker
 from app.services.monitoring import BatchView, WorkerView
 
 Row = dict[str, Any]
@@ -67,7 +68,7 @@ def batch_row(view: BatchView, now: float) -> Row:
     if counts.total:
         pct = 100.0 * view.done / counts.total
     else:
-        pct = 100.0 if status in ("completed", "cancelled", "expired") else 0.0
+        pct = 100.0 if status in TERMINAL_BATCH_STATUSES and status != BatchStatus.FAILED else 0.0
     return {
         "id": view.batch.id,
         "href": f"/dashboard/batches/{view.batch.id}",
@@ -84,7 +85,7 @@ def batch_row(view: BatchView, now: float) -> Row:
         "eta": fmt_duration(view.eta_seconds(now)),
         "age": fmt_duration(now - view.batch.created_at),
         "created": fmt_time(view.batch.created_at),
-        "cancellable": status in ("validating", "in_progress", "finalizing"),
+        "cancellable": status in CANCELLABLE_BATCH_STATUSES,
     }
 
 
@@ -127,9 +128,9 @@ def batch_detail(view: BatchView, files: dict[str, File], now: float) -> Row:
     return detail
 
 
-def chart_caption(series: list[tuple[float, float]], status: str) -> str:
+def chart_caption(series: list[tuple[float, float]], status: BatchStatus) -> str:
     if not series:
-        if status in ("completed", "cancelled", "expired", "failed"):
+        if status in TERMINAL_BATCH_STATUSES:
             return "No request ran in this batch."
         return "No results recorded yet."
     span = series[-1][0] - series[0][0]
@@ -138,7 +139,7 @@ def chart_caption(series: list[tuple[float, float]], status: str) -> str:
 
 
 def worker_row(view: WorkerView) -> Row:
-    w: Worker = view.worker
+    w: RegisteredWorker = view.worker
     return {
         "id": w.id,
         "host": w.host,

@@ -5,12 +5,14 @@ integer `seq` so that lists page in creation order with no ties.
 Timestamps shown to users are Unix seconds (int); lease clocks are float seconds.
 """
 
-from typing import Any, ClassVar, get_args
+from enum import StrEnum
+from typing import Any, ClassVar
 
 from sqlalchemy import (
     JSON,
     BigInteger,
     CheckConstraint,
+    Enum,
     Float,
     ForeignKey,
     Index,
@@ -23,7 +25,15 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from app.schemas.batches import BatchStatus
+from app.core.states import (
+    CLAIMABLE_BATCH_STATUSES,
+    OPEN_SHARD_STATUSES,
+    BatchStatus,
+    ShardStatus,
+)
+from app.schemas.admin import KeyRole
+from app.schemas.files import FileObjectPurpose, FileStatus
+from app.schemas.uploads import UploadStatus
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -33,15 +43,20 @@ NAMING_CONVENTION = {
     "pk": "pk_%(table_name)s",
 }
 
-# The status values are OpenAI's, defined once with the wire schema.
-BATCH_STATUSES: tuple[str, ...] = get_args(BatchStatus)
-TERMINAL_BATCH_STATUSES = ("failed", "completed", "expired", "cancelled")
-SHARD_STATUSES = ("pending", "running", "done")
-UPLOAD_STATUSES = ("pending", "completed", "cancelled", "expired")
+
+def _in(column: str, values: tuple[StrEnum, ...] | type[StrEnum]) -> str:
+    return f"{column} IN ({', '.join(repr(str(v)) for v in values)})"
 
 
-def _in(column: str, values: tuple[str, ...]) -> str:
-    return f"{column} IN ({', '.join(repr(v) for v in values)})"
+def _enum(enum: type[StrEnum], length: int) -> Enum:
+    """A `VARCHAR` holding the enum's values; the table's CHECK constraint guards it."""
+    return Enum(
+        enum,
+        native_enum=False,
+        create_constraint=False,
+        length=length,
+        values_callable=lambda members: [m.value for m in members],
+    )
 
 
 class Base(DeclarativeBase):
@@ -60,7 +75,7 @@ class Project(Base):
 
 class ApiKey(Base):
     __tablename__ = "api_keys"
-    __table_args__ = (CheckConstraint(_in("role", ("admin", "member")), name="role"),)
+    __table_args__ = (CheckConstraint(_in("role", KeyRole), name="role"),)
 
     seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     id: Mapped[str] = mapped_column(String(64), unique=True)
@@ -69,7 +84,7 @@ class ApiKey(Base):
     # sha256 hex of the secret; the secret itself is never stored.
     key_hash: Mapped[str] = mapped_column(String(64), unique=True)
     redacted: Mapped[str] = mapped_column(String(32))
-    role: Mapped[str] = mapped_column(String(16), default="member")
+    role: Mapped[KeyRole] = mapped_column(_enum(KeyRole, 16), default=KeyRole.MEMBER)
     created_at: Mapped[int] = mapped_column(BigInteger)
     revoked_at: Mapped[int | None] = mapped_column(BigInteger)
 
@@ -77,7 +92,7 @@ class ApiKey(Base):
 class File(Base):
     __tablename__ = "files"
     __table_args__ = (
-        CheckConstraint(_in("status", ("uploaded", "processed", "error")), name="status"),
+        CheckConstraint(_in("status", FileStatus), name="status"),
         Index("ix_files_project_listing", "project_id", "seq"),
     )
 
@@ -85,11 +100,11 @@ class File(Base):
     id: Mapped[str] = mapped_column(String(64), unique=True)
     project_id: Mapped[str] = mapped_column(ForeignKey("projects.id"))
     filename: Mapped[str] = mapped_column(Text)
-    purpose: Mapped[str] = mapped_column(String(32))
+    purpose: Mapped[FileObjectPurpose] = mapped_column(_enum(FileObjectPurpose, 32))
     bytes: Mapped[int] = mapped_column(BigInteger)
     sha256: Mapped[str] = mapped_column(String(64))
     storage_key: Mapped[str] = mapped_column(String(512))
-    status: Mapped[str] = mapped_column(String(16), default="processed")
+    status: Mapped[FileStatus] = mapped_column(_enum(FileStatus, 16), default=FileStatus.PROCESSED)
     created_at: Mapped[int] = mapped_column(BigInteger)
     expires_at: Mapped[int | None] = mapped_column(BigInteger, index=True)
     deleted_at: Mapped[int | None] = mapped_column(BigInteger)
@@ -97,7 +112,7 @@ class File(Base):
 
 class Upload(Base):
     __tablename__ = "uploads"
-    __table_args__ = (CheckConstraint(_in("status", UPLOAD_STATUSES), name="status"),)
+    __table_args__ = (CheckConstraint(_in("status", UploadStatus), name="status"),)
 
     seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     id: Mapped[str] = mapped_column(String(64), unique=True)
@@ -106,7 +121,9 @@ class Upload(Base):
     purpose: Mapped[str] = mapped_column(String(32))
     bytes: Mapped[int] = mapped_column(BigInteger)
     mime_type: Mapped[str] = mapped_column(String(256))
-    status: Mapped[str] = mapped_column(String(16), default="pending")
+    status: Mapped[UploadStatus] = mapped_column(
+        _enum(UploadStatus, 16), default=UploadStatus.PENDING
+    )
     created_at: Mapped[int] = mapped_column(BigInteger)
     expires_at: Mapped[int] = mapped_column(BigInteger, index=True)
     # Expiry the completed File gets, in seconds after its creation.
@@ -125,17 +142,28 @@ class UploadPart(Base):
     created_at: Mapped[int] = mapped_column(BigInteger)
 
 
-class Batch(Base):
+class ProgressColumns:
+    """The columns of `app.core.progress.Progress` (same names), shared by `Batch` and `Shard`."""
+
+    completed: Mapped[int] = mapped_column(Integer, default=0)
+    failed: Mapped[int] = mapped_column(Integer, default=0)
+    input_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    cached_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    output_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    reasoning_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class Batch(ProgressColumns, Base):
     __tablename__ = "batches"
     __table_args__ = (
-        CheckConstraint(_in("status", BATCH_STATUSES), name="status"),
+        CheckConstraint(_in("status", BatchStatus), name="status"),
         Index("ix_batches_project_listing", "project_id", "seq"),
         # The validator's and finaliser's claim path.
         Index(
             "ix_batches_claimable",
             "status",
-            postgresql_where=text("status IN ('validating', 'finalizing', 'cancelling')"),
-            sqlite_where=text("status IN ('validating', 'finalizing', 'cancelling')"),
+            postgresql_where=text(_in("status", CLAIMABLE_BATCH_STATUSES)),
+            sqlite_where=text(_in("status", CLAIMABLE_BATCH_STATUSES)),
         ),
     )
 
@@ -146,7 +174,9 @@ class Batch(Base):
     input_file_id: Mapped[str] = mapped_column(ForeignKey("files.id"))
     model: Mapped[str | None] = mapped_column(String(256))
     completion_window: Mapped[str] = mapped_column(String(16))
-    status: Mapped[str] = mapped_column(String(16), default="validating")
+    status: Mapped[BatchStatus] = mapped_column(
+        _enum(BatchStatus, 16), default=BatchStatus.VALIDATING
+    )
     errors: Mapped[list[Any] | None] = mapped_column(JSON)
     metadata_: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSON)
     output_file_id: Mapped[str | None] = mapped_column(ForeignKey("files.id"))
@@ -163,14 +193,9 @@ class Batch(Base):
     cancelling_at: Mapped[int | None] = mapped_column(BigInteger)
     cancelled_at: Mapped[int | None] = mapped_column(BigInteger)
 
-    # Totals are final once the batch is terminal; while it runs they are summed from shards.
+    # Progress columns are final once the batch is terminal; while it runs they are summed
+    # from its shards.
     total: Mapped[int] = mapped_column(Integer, default=0)
-    completed: Mapped[int] = mapped_column(Integer, default=0)
-    failed: Mapped[int] = mapped_column(Integer, default=0)
-    input_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
-    cached_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
-    output_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
-    reasoning_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     # `[unix time, requests/s]` points kept at the end: the result chunks they come from go.
     throughput: Mapped[list[Any] | None] = mapped_column(JSON)
 
@@ -180,19 +205,19 @@ class Batch(Base):
     heartbeat_at: Mapped[float | None] = mapped_column(Float)
 
 
-class Shard(Base):
+class Shard(ProgressColumns, Base):
     """A run of consecutive input lines that one worker processes under a lease."""
 
     __tablename__ = "shards"
     __table_args__ = (
-        CheckConstraint(_in("status", SHARD_STATUSES), name="status"),
+        CheckConstraint(_in("status", ShardStatus), name="status"),
         UniqueConstraint("batch_id", "index", name="uq_shards_batch_index"),
         Index(
             "ix_shards_claimable",
             "batch_id",
             "status",
-            postgresql_where=text("status IN ('pending', 'running')"),
-            sqlite_where=text("status IN ('pending', 'running')"),
+            postgresql_where=text(_in("status", OPEN_SHARD_STATUSES)),
+            sqlite_where=text(_in("status", OPEN_SHARD_STATUSES)),
         ),
     )
 
@@ -203,18 +228,12 @@ class Shard(Base):
     line_count: Mapped[int] = mapped_column(Integer)
     byte_start: Mapped[int] = mapped_column(BigInteger)
     byte_end: Mapped[int] = mapped_column(BigInteger)
-    status: Mapped[str] = mapped_column(String(16), default="pending")
+    status: Mapped[ShardStatus] = mapped_column(_enum(ShardStatus, 16), default=ShardStatus.PENDING)
     lease_owner: Mapped[str | None] = mapped_column(String(128))
     lease_epoch: Mapped[int] = mapped_column(Integer, default=0)
     heartbeat_at: Mapped[float | None] = mapped_column(Float)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
-    # As last checkpointed: always the sums over this shard's result chunks.
-    completed: Mapped[int] = mapped_column(Integer, default=0)
-    failed: Mapped[int] = mapped_column(Integer, default=0)
-    input_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
-    cached_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
-    output_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
-    reasoning_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    # Progress columns, as last checkpointed: always the sums over this shard's result chunks.
 
 
 class ResultChunk(Base):
@@ -232,7 +251,9 @@ class ResultChunk(Base):
     created_at: Mapped[float] = mapped_column(Float)
 
 
-class Worker(Base):
+class RegisteredWorker(Base):
+    """A worker process as the registry records it, for the dashboard and lease decisions."""
+
     __tablename__ = "workers"
 
     id: Mapped[str] = mapped_column(String(128), primary_key=True)

@@ -1,10 +1,23 @@
 """Wire shapes of the admin API (`/v1/admin/...`): projects, API keys, workers."""
 
-from typing import Literal
+from enum import StrEnum
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
 
-from app.schemas.common import RequestModel
+from app.schemas.common import RequestModel, inline_enum
+
+
+class KeyRole(StrEnum):
+    ADMIN = "admin"
+    MEMBER = "member"
+
+
+class WorkerState(StrEnum):
+    RUNNING = "running"
+    IDLE = "idle"
+    STALE = "stale"  # no heartbeat for a whole lease
+    STOPPED = "stopped"
 
 
 class ProjectObject(BaseModel):
@@ -22,7 +35,7 @@ class ApiKeyObject(BaseModel):
     name: str
     project_id: str
     project_name: str
-    role: Literal["admin", "member"]
+    role: Annotated[KeyRole, inline_enum(KeyRole, "Role")]
     redacted_value: str
     created_at: int
     revoked_at: int | None
@@ -50,7 +63,7 @@ class WorkerObject(BaseModel):
     host: str
     pid: int
     model: str
-    state: Literal["running", "idle", "stale", "stopped"]
+    state: Annotated[WorkerState, inline_enum(WorkerState, "State")]
     started_at: float
     heartbeat_at: float
     heartbeat_age_seconds: float

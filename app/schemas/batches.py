@@ -1,21 +1,11 @@
 """Wire shapes of the Batches API, with OpenAI's names (`openai.types.Batch`)."""
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel
 
-from app.schemas.common import ExpiresAfter, RequestModel
-
-BatchStatus = Literal[
-    "validating",
-    "failed",
-    "in_progress",
-    "finalizing",
-    "completed",
-    "expired",
-    "cancelling",
-    "cancelled",
-]
+from app.core.states import BatchStatus
+from app.schemas.common import ExpiresAfter, RequestModel, inline_enum
 
 
 class CreateBatchRequest(RequestModel):
@@ -73,7 +63,7 @@ class BatchObject(BaseModel):
     errors: BatchErrors | None
     input_file_id: str
     completion_window: str
-    status: BatchStatus
+    status: Annotated[BatchStatus, inline_enum(BatchStatus, "Status")]
     output_file_id: str | None
     error_file_id: str | None
     created_at: int

@@ -1,9 +1,10 @@
 """Wire shapes shared by every resource: list and delete envelopes, expiry, tolerant requests."""
 
 import logging
+from enum import StrEnum
 from typing import Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
 
 log = logging.getLogger("overnight.api")
 
@@ -13,6 +14,11 @@ Order = Literal["asc", "desc"]
 
 MIN_EXPIRES_AFTER_SECONDS = 3600
 MAX_EXPIRES_AFTER_SECONDS = 2_592_000
+
+
+def inline_enum(enum: type[StrEnum], title: str) -> WithJsonSchema:
+    """An enum field described in place, as OpenAI's spec does, not as a shared component."""
+    return WithJsonSchema({"type": "string", "enum": [m.value for m in enum], "title": title})
 
 
 class RequestModel(BaseModel):

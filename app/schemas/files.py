@@ -1,25 +1,35 @@
 """Files API wire shapes, with OpenAI's names and enums."""
 
-from typing import Literal, get_args
+from enum import StrEnum
+from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel
 
-from app.schemas.common import DeletedObject, ExpiresAfter, RequestModel
+from app.schemas.common import DeletedObject, ExpiresAfter, RequestModel, inline_enum
 
 # What a client may upload. OpenAI also accepts `evals`, but its File object cannot
 # report that purpose (the SDK's response Literal lacks it), so it is refused.
 FilePurpose = Literal["assistants", "batch", "fine-tune", "vision", "user_data"]
+
+
 # What a File object may say: uploads plus the purposes of files the server writes.
-FileObjectPurpose = Literal[
-    "assistants",
-    "assistants_output",
-    "batch",
-    "batch_output",
-    "fine-tune",
-    "fine-tune-results",
-    "vision",
-    "user_data",
-]
+class FileObjectPurpose(StrEnum):
+    ASSISTANTS = "assistants"
+    ASSISTANTS_OUTPUT = "assistants_output"
+    BATCH = "batch"
+    BATCH_OUTPUT = "batch_output"
+    FINE_TUNE = "fine-tune"
+    FINE_TUNE_RESULTS = "fine-tune-results"
+    VISION = "vision"
+    USER_DATA = "user_data"
+
+
+class FileStatus(StrEnum):
+    UPLOADED = "uploaded"
+    PROCESSED = "processed"
+    ERROR = "error"
+
+
 UPLOAD_PURPOSES: tuple[str, ...] = get_args(FilePurpose)
 # OpenAI refuses to hand back the content of these.
 UNDOWNLOADABLE_PURPOSES = ("assistants", "user_data")
@@ -40,8 +50,8 @@ class FileObject(BaseModel):
     bytes: int
     created_at: int
     filename: str
-    purpose: FileObjectPurpose
-    status: Literal["uploaded", "processed", "error"] = "processed"
+    purpose: Annotated[FileObjectPurpose, inline_enum(FileObjectPurpose, "Purpose")]
+    status: Annotated[FileStatus, inline_enum(FileStatus, "Status")] = FileStatus.PROCESSED
     expires_at: int | None = None
     status_details: str | None = None
 

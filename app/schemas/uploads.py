@@ -1,13 +1,19 @@
 """Uploads API wire shapes, with OpenAI's names and enums."""
 
-from typing import Literal
+from enum import StrEnum
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
 
-from app.schemas.common import ExpiresAfter, RequestModel
+from app.schemas.common import ExpiresAfter, RequestModel, inline_enum
 from app.schemas.files import FileObject
 
-UploadStatus = Literal["pending", "completed", "cancelled", "expired"]
+
+class UploadStatus(StrEnum):
+    PENDING = "pending"
+    COMPLETED = "completed"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
 
 
 class UploadCreate(RequestModel):
@@ -34,7 +40,7 @@ class UploadObject(BaseModel):
     expires_at: int
     filename: str
     purpose: str
-    status: UploadStatus
+    status: Annotated[UploadStatus, inline_enum(UploadStatus, "Status")]
     file: FileObject | None = None
 
 

@@ -8,21 +8,15 @@ its epoch is no longer the batch's.
 """
 
 import time
-from dataclasses import dataclass
 
 from sqlalchemy import ColumnElement, or_, update
 from sqlalchemy.orm import Session
 
 from app.config import Settings
+from app.core.leases import BatchLease
+from app.core.states import BatchStatus
 from app.db.models import Batch
 from app.db.session import session_scope
-
-
-@dataclass(frozen=True)
-class Lease:
-    batch_id: str
-    owner: str
-    epoch: int
 
 
 def lease_is_free(settings: Settings, now: float) -> ColumnElement[bool]:
@@ -34,7 +28,7 @@ def lease_is_free(settings: Settings, now: float) -> ColumnElement[bool]:
     )
 
 
-def take(session: Session, batch_id: str, seen_epoch: int, owner: str) -> Lease | None:
+def take(session: Session, batch_id: str, seen_epoch: int, owner: str) -> BatchLease | None:
     """Takes the lease if its epoch is still `seen_epoch` (compare-and-set)."""
     result = session.execute(
         update(Batch)
@@ -42,10 +36,10 @@ def take(session: Session, batch_id: str, seen_epoch: int, owner: str) -> Lease 
         .values(lease_owner=owner, lease_epoch=seen_epoch + 1, heartbeat_at=time.time())
         .execution_options(synchronize_session=False)
     )
-    return Lease(batch_id, owner, seen_epoch + 1) if _rowcount(result) == 1 else None
+    return BatchLease(batch_id, owner, seen_epoch + 1) if _rowcount(result) == 1 else None
 
 
-def renew(settings: Settings, lease: Lease, *statuses: str) -> bool:
+def renew(settings: Settings, lease: BatchLease, *statuses: BatchStatus) -> bool:
     """Renews the heartbeat; False if the lease was lost or the status left `statuses`."""
     with session_scope(settings) as session:
         condition = [Batch.id == lease.batch_id, Batch.lease_epoch == lease.epoch]
@@ -60,7 +54,7 @@ def renew(settings: Settings, lease: Lease, *statuses: str) -> bool:
         return _rowcount(result) == 1
 
 
-def release(settings: Settings, lease: Lease) -> None:
+def release(settings: Settings, lease: BatchLease) -> None:
     """Gives the lease up at once (if still held) so the next step need not wait for expiry."""
     with session_scope(settings) as session:
         session.execute(
@@ -79,7 +73,7 @@ def _rowcount(result: object) -> int:
 class Heartbeat:
     """Renews a lease while a long step runs, at most every third of `lease_seconds`."""
 
-    def __init__(self, settings: Settings, lease: Lease, *statuses: str) -> None:
+    def __init__(self, settings: Settings, lease: BatchLease, *statuses: BatchStatus) -> None:
         self.settings = settings
         self.lease = lease
         self.statuses = statuses

@@ -2,13 +2,14 @@
 
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from app.config import Settings
-from app.db.models import TERMINAL_BATCH_STATUSES, Batch, Shard
+from app.core.progress import PROGRESS_FIELDS, Progress
+from app.core.states import CANCELLABLE_BATCH_STATUSES, TERMINAL_BATCH_STATUSES, BatchStatus
+from app.db.models import Batch, Shard
 from app.endpoints import SUPPORTED
 from app.errors import OpenAIError, not_found
 from app.ids import new_batch_id
@@ -25,24 +26,11 @@ from app.schemas.common import ListObject
 from app.services.files import get_file
 from app.services.pagination import check_limit, paginate
 
-CANCELLABLE_STATUSES = ("validating", "in_progress", "finalizing")
 MAX_METADATA_PAIRS = 16
 MAX_METADATA_KEY_CHARS = 64
 MAX_METADATA_VALUE_CHARS = 512
 DEFAULT_LIST_LIMIT = 20
 MAX_LIST_LIMIT = 100
-
-
-@dataclass
-class Progress:
-    """Request counts and token sums of a batch."""
-
-    completed: int = 0
-    failed: int = 0
-    input_tokens: int = 0
-    cached_tokens: int = 0
-    output_tokens: int = 0
-    reasoning_tokens: int = 0
 
 
 def create_batch(
@@ -67,7 +55,7 @@ def create_batch(
         endpoint=params.endpoint,
         input_file_id=input_file.id,
         completion_window=params.completion_window,
-        status="validating",
+        status=BatchStatus.VALIDATING,
         metadata_=params.metadata,
         output_expires_after=(
             params.output_expires_after.seconds if params.output_expires_after else None
@@ -157,14 +145,14 @@ def cancel_batch(session: Session, project_id: str, batch_id: str) -> BatchObjec
         .where(
             Batch.id == batch_id,
             Batch.project_id == project_id,
-            Batch.status.in_(CANCELLABLE_STATUSES),
+            Batch.status.in_(CANCELLABLE_BATCH_STATUSES),
         )
-        .values(status="cancelling", cancelling_at=int(time.time()))
+        .values(status=BatchStatus.CANCELLING, cancelling_at=int(time.time()))
         .execution_options(synchronize_session=False)
     )
     batch = _find(session, project_id, batch_id)
     session.commit()
-    if batch.status in ("failed", "completed", "expired"):
+    if batch.status in (BatchStatus.FAILED, BatchStatus.COMPLETED, BatchStatus.EXPIRED):
         raise OpenAIError(
             f"Cannot cancel a batch with status '{batch.status}'.",
             status_code=409,
@@ -198,15 +186,7 @@ def live_progress(session: Session, batch_ids: Iterable[str]) -> dict[str, Progr
     if not ids:
         return {}
     rows = session.execute(
-        select(
-            Shard.batch_id,
-            func.sum(Shard.completed),
-            func.sum(Shard.failed),
-            func.sum(Shard.input_tokens),
-            func.sum(Shard.cached_tokens),
-            func.sum(Shard.output_tokens),
-            func.sum(Shard.reasoning_tokens),
-        )
+        select(Shard.batch_id, *(func.sum(getattr(Shard, name)) for name in PROGRESS_FIELDS))
         .where(Shard.batch_id.in_(ids))
         .group_by(Shard.batch_id)
     ).all()
@@ -216,14 +196,7 @@ def live_progress(session: Session, batch_ids: Iterable[str]) -> dict[str, Progr
 def to_wire(batch: Batch, live: Progress) -> BatchObject:
     """The Batch object; a terminal batch shows its own final totals, a running one `live`."""
     if batch.status in TERMINAL_BATCH_STATUSES:
-        live = Progress(
-            batch.completed,
-            batch.failed,
-            batch.input_tokens,
-            batch.cached_tokens,
-            batch.output_tokens,
-            batch.reasoning_tokens,
-        )
+        live = Progress.of(batch)
     return BatchObject(
         id=batch.id,
         endpoint=batch.endpoint,
@@ -231,7 +204,7 @@ def to_wire(batch: Batch, live: Progress) -> BatchObject:
         errors=BatchErrors(data=batch.errors) if batch.errors else None,
         input_file_id=batch.input_file_id,
         completion_window=batch.completion_window,
-        status=batch.status,  # type: ignore[arg-type]
+        status=batch.status,
         output_file_id=batch.output_file_id,
         error_file_id=batch.error_file_id,
         created_at=batch.created_at,

@@ -16,7 +16,8 @@ from sqlalchemy import ColumnElement, exists, or_, select
 from sqlalchemy.orm import Session
 
 from app.config import Settings
-from app.db.models import TERMINAL_BATCH_STATUSES, Batch, File
+from app.core.states import TERMINAL_BATCH_STATUSES
+from app.db.models import Batch, File
 from app.errors import OpenAIError, not_found, validation_error
 from app.ids import new_file_id
 from app.schemas.common import ListObject, Order
@@ -26,6 +27,7 @@ from app.schemas.files import (
     FileCreateParams,
     FileDeleted,
     FileObject,
+    FileStatus,
 )
 from app.services.pagination import check_limit, paginate
 from app.storage import Storage, StoredObject, Writer
@@ -276,7 +278,7 @@ def create_file_from_storage(
         bytes=stored.bytes,
         sha256=stored.sha256,
         storage_key=stored.key,
-        status="processed",
+        status=FileStatus.PROCESSED,
         created_at=created_at if created_at is not None else _now(),
         expires_at=expires_at,
     )
@@ -305,8 +307,8 @@ def to_file_object(row: File) -> FileObject:
         bytes=row.bytes,
         created_at=row.created_at,
         filename=row.filename,
-        purpose=row.purpose,  # type: ignore[arg-type]
-        status=row.status,  # type: ignore[arg-type]
+        purpose=row.purpose,
+        status=row.status,
         expires_at=row.expires_at,
     )
 

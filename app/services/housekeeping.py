@@ -21,10 +21,10 @@ from collections.abc import Callable
 from app.config import Settings
 from app.db.session import session_scope
 from app.services.files import expire_files
-from app.services.finalizer import delete_leftover_chunks, finalize_ready_batches
 from app.services.uploads import expire_uploads
 from app.services.validation import validate_pending
 from app.storage import storage_of
+from worker.finalizer import delete_leftover_chunks, finalize_ready_batches
 
 log = logging.getLogger("overnight.housekeeping")
 

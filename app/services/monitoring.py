@@ -12,19 +12,12 @@ from typing import Any
 from sqlalchemy import ColumnElement, and_, func, or_, select
 from sqlalchemy.orm import Session
 
-from app.db.models import (
-    TERMINAL_BATCH_STATUSES,
-    Batch,
-    File,
-    Project,
-    ResultChunk,
-    Shard,
-    Worker,
-)
+from app.core.progress import Progress
+from app.core.states import TERMINAL_BATCH_STATUSES, BatchStatus, ShardStatus
+from app.db.models import Batch, File, Project, RegisteredWorker, Shard
+from app.schemas.admin import WorkerState
 from app.schemas.batches import BatchObject
 from app.services import batches
-
-CHART_POINTS = 60
 
 
 @dataclass
@@ -50,7 +43,7 @@ class BatchView:
 
     def eta_seconds(self, now: float) -> float | None:
         """Time left at the average request rate so far; None when unknown or finished."""
-        if self.batch.status != "in_progress" or not self.done:
+        if self.batch.status != BatchStatus.IN_PROGRESS or not self.done:
             return None
         rate = self.done / max(self._running_seconds(now), 1e-9)
         return max(self.wire.request_counts.total - self.done, 0) / rate
@@ -65,10 +58,10 @@ class BatchView:
 
 @dataclass
 class WorkerView:
-    worker: Worker
+    worker: RegisteredWorker
     batch_id: str | None
     shard_index: int | None
-    state: str  # "running", "idle", "stale" (no heartbeat for a lease), "stopped"
+    state: WorkerState
     heartbeat_age: float
 
 
@@ -85,7 +78,9 @@ class Totals:
 
 
 def _live_worker_clause(lease_seconds: float, now: float) -> ColumnElement[bool]:
-    return and_(Worker.stopped_at.is_(None), Worker.heartbeat_at >= now - lease_seconds)
+    return and_(
+        RegisteredWorker.stopped_at.is_(None), RegisteredWorker.heartbeat_at >= now - lease_seconds
+    )
 
 
 def _views(session: Session, rows: Sequence[Any], lease_seconds: float) -> list[BatchView]:
@@ -97,8 +92,8 @@ def _views(session: Session, rows: Sequence[Any], lease_seconds: float) -> list[
         rates = {
             batch_id: float(rate or 0.0)
             for batch_id, rate in session.execute(
-                select(Shard.batch_id, func.sum(Worker.tokens_per_second))
-                .join(Worker, Worker.current_shard_id == Shard.id)
+                select(Shard.batch_id, func.sum(RegisteredWorker.tokens_per_second))
+                .join(RegisteredWorker, RegisteredWorker.current_shard_id == Shard.id)
                 .where(Shard.batch_id.in_(running), _live_worker_clause(lease_seconds, now))
                 .group_by(Shard.batch_id)
             )
@@ -106,7 +101,7 @@ def _views(session: Session, rows: Sequence[Any], lease_seconds: float) -> list[
     return [
         BatchView(
             b,
-            batches.to_wire(b, live.get(b.id, batches.Progress())),
+            batches.to_wire(b, live.get(b.id, Progress())),
             name,
             rates.get(b.id, 0.0),
         )
@@ -141,45 +136,26 @@ def get_batch(session: Session, batch_id: str, lease_seconds: float) -> BatchVie
     return _views(session, [row], lease_seconds)[0] if row is not None else None
 
 
-def throughput_series(session: Session, batch_id: str) -> list[tuple[float, float]]:
-    """Requests finished per second over time, from when result chunks were recorded.
-
-    At most `CHART_POINTS` points of `(unix time, requests/s)`, evenly spaced.
-    """
-    chunks = session.execute(
-        select(ResultChunk.created_at, ResultChunk.lines)
-        .join(Shard, Shard.id == ResultChunk.shard_id)
-        .where(Shard.batch_id == batch_id)
-        .order_by(ResultChunk.created_at)
-    ).all()
-    if not chunks:
-        return []
-    start, end = chunks[0][0], chunks[-1][0]
-    width = max((end - start) / CHART_POINTS, 1.0)
-    buckets = [0] * (int((end - start) / width) + 1)
-    for created_at, lines in chunks:
-        buckets[int((created_at - start) / width)] += lines
-    return [(start + i * width, count / width) for i, count in enumerate(buckets)]
-
-
 def list_workers(session: Session, lease_seconds: float, limit: int = 200) -> list[WorkerView]:
     """Live workers first, then the most recently seen."""
     now = time.time()
     rows = session.execute(
-        select(Worker, Shard.batch_id, Shard.index)
-        .outerjoin(Shard, Shard.id == Worker.current_shard_id)
-        .order_by(Worker.stopped_at.is_not(None), Worker.heartbeat_at.desc())
+        select(RegisteredWorker, Shard.batch_id, Shard.index)
+        .outerjoin(Shard, Shard.id == RegisteredWorker.current_shard_id)
+        .order_by(RegisteredWorker.stopped_at.is_not(None), RegisteredWorker.heartbeat_at.desc())
         .limit(limit)
     ).all()
     views = []
     for worker, batch_id, shard_index in rows:
         age = max(now - worker.heartbeat_at, 0.0)
         if worker.stopped_at is not None:
-            state = "stopped"
+            state = WorkerState.STOPPED
         elif age > lease_seconds:
-            state = "stale"
+            state = WorkerState.STALE
+        elif worker.current_shard_id is not None:
+            state = WorkerState.RUNNING
         else:
-            state = "running" if worker.current_shard_id is not None else "idle"
+            state = WorkerState.IDLE
         views.append(WorkerView(worker, batch_id, shard_index, state, age))
     return views
 
@@ -233,7 +209,7 @@ def totals(session: Session, lease_seconds: float) -> Totals:
             func.sum(
                 # Lines still to run in shards that can still be run.
                 Shard.line_count - Shard.completed - Shard.failed
-            ).filter(Batch.status == "in_progress", Shard.status != "done"),
+            ).filter(Batch.status == BatchStatus.IN_PROGRESS, Shard.status != ShardStatus.DONE),
         )
         .join(Batch, Batch.id == Shard.batch_id)
         .where(Batch.status.not_in(TERMINAL_BATCH_STATUSES))

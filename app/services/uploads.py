@@ -21,7 +21,13 @@ from app.config import Settings
 from app.db.models import File, Upload, UploadPart
 from app.errors import OpenAIError, not_found
 from app.ids import new_file_id, new_part_id, new_upload_id
-from app.schemas.uploads import UploadComplete, UploadCreate, UploadObject, UploadPartObject
+from app.schemas.uploads import (
+    UploadComplete,
+    UploadCreate,
+    UploadObject,
+    UploadPartObject,
+    UploadStatus,
+)
 from app.services.files import (
     LimitedWriter,
     check_batch_filename,
@@ -52,10 +58,10 @@ def _delete_parts(storage: Storage, upload_id: str) -> None:
         storage.delete(key)
 
 
-def status_of(row: Upload, now: int) -> str:
+def status_of(row: Upload, now: int) -> UploadStatus:
     """The status clients see: a pending upload past its expiry is `expired`."""
-    if row.status == "pending" and now >= row.expires_at:
-        return "expired"
+    if row.status == UploadStatus.PENDING and now >= row.expires_at:
+        return UploadStatus.EXPIRED
     return row.status
 
 
@@ -67,7 +73,7 @@ def to_upload_object(row: Upload, file: File | None = None, now: int | None = No
         expires_at=row.expires_at,
         filename=row.filename,
         purpose=row.purpose,
-        status=status_of(row, _now() if now is None else now),  # type: ignore[arg-type]
+        status=status_of(row, _now() if now is None else now),
         file=None if file is None else to_file_object(file),
     )
 
@@ -113,7 +119,7 @@ def create_upload(
         purpose=body.purpose,
         bytes=body.bytes,
         mime_type=body.mime_type,
-        status="pending",
+        status=UploadStatus.PENDING,
         created_at=now,
         expires_at=now + settings.upload_ttl_seconds,
         file_expires_after=body.expires_after.seconds if body.expires_after else None,
@@ -134,7 +140,7 @@ def get_upload(session: Session, project_id: str, upload_id: str, *, lock: bool 
 
 def require_pending(row: Upload, action: str) -> None:
     status = status_of(row, _now())
-    if status != "pending":
+    if status != UploadStatus.PENDING:
         raise OpenAIError(
             f"Cannot {action} upload {row.id}: its status is '{status}' (only pending uploads "
             "accept this).",
@@ -289,7 +295,7 @@ def complete_upload(
     try:
         with session.begin():
             upload = get_upload(session, project_id, upload_id, lock=True)
-            if upload.status != "pending":
+            if upload.status != UploadStatus.PENDING:
                 require_pending(upload, "complete")
             file = register_client_file(
                 session,
@@ -301,7 +307,7 @@ def complete_upload(
                 stored=stored,
                 expires_after_seconds=upload.file_expires_after,
             )
-            upload.status = "completed"
+            upload.status = UploadStatus.COMPLETED
             upload.file_id = file.id
     except BaseException:
         storage.delete(stored.key)
@@ -317,7 +323,7 @@ def cancel_upload(
     with session.begin():
         upload = get_upload(session, project_id, upload_id, lock=True)
         require_pending(upload, "cancel")
-        upload.status = "cancelled"
+        upload.status = UploadStatus.CANCELLED
     _delete_parts(storage, upload_id)
     return to_upload_object(upload)
 
@@ -329,11 +335,11 @@ def expire_uploads(session: Session, storage: Storage, now: int) -> int:
     """
     rows = session.scalars(
         select(Upload)
-        .where(Upload.status == "pending", Upload.expires_at <= now)
+        .where(Upload.status == UploadStatus.PENDING, Upload.expires_at <= now)
         .order_by(Upload.seq)
         .limit(SWEEP_LIMIT)
     ).all()
     for row in rows:
-        row.status = "expired"
+        row.status = UploadStatus.EXPIRED
         _delete_parts(storage, row.id)
     return len(rows)

@@ -18,11 +18,13 @@ import orjson
 from sqlalchemy import select
 
 from app.config import Settings
+from app.core.leases import BatchLease
+from app.core.states import BatchStatus
 from app.db.models import Batch, File, Shard
 from app.db.session import session_scope
 from app.schemas.batches import BatchError
 from app.services import batch_lease
-from app.services.batch_lease import Heartbeat, Lease
+from app.services.batch_lease import Heartbeat
 from app.services.jsonl import scan_lines
 from app.storage import Storage, storage_of
 
@@ -268,13 +270,13 @@ class InputFile:
     endpoint: str
 
 
-def claim_next(settings: Settings, owner: str) -> tuple[Lease, InputFile | None] | None:
+def claim_next(settings: Settings, owner: str) -> tuple[BatchLease, InputFile | None] | None:
     """Takes the lease of the oldest `validating` batch nobody is validating."""
     now = time.time()
     with session_scope(settings) as session:
         rows = session.execute(
             select(Batch.id, Batch.lease_epoch)
-            .where(Batch.status == "validating", batch_lease.lease_is_free(settings, now))
+            .where(Batch.status == BatchStatus.VALIDATING, batch_lease.lease_is_free(settings, now))
             .order_by(Batch.seq)
             .limit(8)
             .with_for_update(skip_locked=True)
@@ -296,8 +298,10 @@ def _input_file(session: Any, batch_id: str) -> InputFile | None:
     return InputFile(row.storage_key, row.bytes, row.endpoint) if row.storage_key else None
 
 
-def validate(settings: Settings, storage: Storage, lease: Lease, source: InputFile | None) -> str:
-    """Validates one claimed batch and records the result; returns the batch's new status."""
+def validate(
+    settings: Settings, storage: Storage, lease: BatchLease, source: InputFile | None
+) -> BatchStatus | None:
+    """Validates one claimed batch and records the result: its new status, None if abandoned."""
     if lease.epoch > MAX_VALIDATION_ATTEMPTS:
         message = (
             f"Validation of the input file was interrupted {MAX_VALIDATION_ATTEMPTS} times; "
@@ -318,11 +322,11 @@ def validate(settings: Settings, storage: Storage, lease: Lease, source: InputFi
         storage,
         source.storage_key,
         source.endpoint,
-        Heartbeat(settings, lease, "validating"),
+        Heartbeat(settings, lease, BatchStatus.VALIDATING),
     )
     if outcome is None:
         batch_lease.release(settings, lease)
-        return "abandoned"
+        return None
     return record(settings, lease, outcome)
 
 
@@ -337,7 +341,7 @@ def _too_large(settings: Settings, size: int) -> BatchError:
     )
 
 
-def record(settings: Settings, lease: Lease, outcome: Outcome) -> str:
+def record(settings: Settings, lease: BatchLease, outcome: Outcome) -> BatchStatus | None:
     """The one fenced transaction that ends validation: shards + `in_progress`, or `failed`."""
     with session_scope(settings) as session:
         batch = session.scalar(
@@ -345,17 +349,16 @@ def record(settings: Settings, lease: Lease, outcome: Outcome) -> str:
             .where(
                 Batch.id == lease.batch_id,
                 Batch.lease_epoch == lease.epoch,
-                Batch.status == "validating",
+                Batch.status == BatchStatus.VALIDATING,
             )
             .with_for_update()
         )
-        if batch is None:
-            status = "abandoned"
-        else:
+        status = None
+        if batch is not None:
             _apply(session, batch, outcome)
             status = batch.status
         # Released even when fenced off: a cancel arriving mid-read is finished by the finaliser.
-    if status == "abandoned":
+    if status is None:
         batch_lease.release(settings, lease)
     return status
 
@@ -365,11 +368,11 @@ def _apply(session: Any, batch: Batch, outcome: Outcome) -> None:
     batch.lease_owner = None
     batch.heartbeat_at = None
     if outcome.errors:
-        batch.status = "failed"
+        batch.status = BatchStatus.FAILED
         batch.failed_at = now
         batch.errors = [e.model_dump() for e in outcome.errors]
         return
-    batch.status = "in_progress"
+    batch.status = BatchStatus.IN_PROGRESS
     batch.in_progress_at = now
     batch.total = outcome.total
     batch.model = outcome.model
@@ -399,6 +402,6 @@ def validate_pending(settings: Settings, owner: str, storage: Storage | None = N
             log.exception("validation of %s failed; another attempt follows", lease.batch_id)
             batch_lease.release(settings, lease)
             return done
-        log.info("batch %s validated: %s", lease.batch_id, status)
+        log.info("batch %s validated: %s", lease.batch_id, status or "abandoned")
         done += 1
     return done

@@ -27,7 +27,7 @@ def key_object(key: ApiKey, project: Project) -> ApiKeyObject:
         name=key.name,
         project_id=project.id,
         project_name=project.name,
-        role=key.role,  # type: ignore[arg-type]
+        role=key.role,
         redacted_value=key.redacted,
         created_at=key.created_at,
         revoked_at=key.revoked_at,
@@ -97,7 +97,7 @@ def list_workers(
             host=v.worker.host,
             pid=v.worker.pid,
             model=v.worker.model,
-            state=v.state,  # type: ignore[arg-type]
+            state=v.state,
             started_at=v.worker.started_at,
             heartbeat_at=v.worker.heartbeat_at,
             heartbeat_age_seconds=round(v.heartbeat_age, 3),

@@ -1,13 +1,14 @@
-"""Finalisation: turn a batch's result chunks into its output and error files.
+"""Finalization, the pipeline's last stage: a batch's result chunks become its output files.
 
-Called by the API's housekeeping loop and by workers. A batch is ready when
+Workers run it when their shards end; the API's housekeeping loop runs it too, for batches
+no worker will touch again (cancelled or expired with no live shard). A batch is ready when
 
 - `in_progress` and every shard is `done` → `finalizing` → `completed`;
 - `cancelling` and no shard is held by a live worker → `cancelled`;
 - `in_progress` (or still `validating`) past `expires_at`, no live shard lease → `expired`;
-- `finalizing` but its finaliser stopped renewing the batch lease → picked up again.
+- `finalizing` but its finalizer stopped renewing the batch lease → picked up again.
 
-The finaliser merges each shard's chunks (first result per line wins), reads the
+The finalizer merges each shard's chunks (first result per line wins), reads the
 shard's input range, and streams one line per request, in input order, into the
 output file (2xx) or the error file (everything else, plus `batch_cancelled` /
 `batch_expired` lines for requests that never ran). One fenced transaction then
@@ -25,17 +26,20 @@ from sqlalchemy import ColumnElement, and_, delete, exists, func, or_, select, u
 from sqlalchemy.orm import Session
 
 from app.config import Settings
-from app.db.models import TERMINAL_BATCH_STATUSES, Batch, File, ResultChunk, Shard
+from app.core.chunks import decode_chunk
+from app.core.leases import BatchLease
+from app.core.progress import Progress, Usage, usage_of
+from app.core.states import TERMINAL_BATCH_STATUSES, BatchStatus, Ending, ShardStatus
+from app.db.models import Batch, File, ResultChunk, Shard
 from app.db.session import session_scope
 from app.ids import new_batch_request_id, new_file_id
+from app.schemas.files import FileObjectPurpose
 from app.services import batch_lease
-from app.services.batch_lease import Heartbeat, Lease
-from app.services.batches import Progress
+from app.services.batch_lease import Heartbeat
 from app.services.files import create_file_from_storage, file_storage_key
 from app.services.jsonl import iter_lines
-from app.services.monitoring import throughput_series
+from app.services.throughput import throughput_series
 from app.storage import Storage, StoredObject, Writer, storage_of
-from app.usage import usage_of
 
 log = logging.getLogger("overnight.finalizer")
 
@@ -44,31 +48,26 @@ _CANDIDATES_PER_PASS = 50
 _HEARTBEAT_CHECK_LINES = 256
 _CHUNKS_PER_DELETE = 5000
 
-# Why a request has no result, by finalisation path.
+# Why a request has no result, by how the batch ends.
 _UNRUN = {
-    "cancel": ("batch_cancelled", "This request was cancelled before it could be executed."),
-    "expire": (
+    Ending.CANCEL: ("batch_cancelled", "This request was cancelled before it could be executed."),
+    Ending.EXPIRE: (
         "batch_expired",
         "This request could not be executed before the completion window expired.",
     ),
-    "complete": ("batch_failed", "This request was not executed because of an internal error."),
+    Ending.COMPLETE: (
+        "batch_failed",
+        "This request was not executed because of an internal error.",
+    ),
 }
 
 
-def _add_usage(tally: Progress, body: Any) -> None:
-    usage = usage_of(body)
-    tally.input_tokens += usage.input_tokens
-    tally.output_tokens += usage.output_tokens
-    tally.cached_tokens += usage.cached_tokens
-    tally.reasoning_tokens += usage.reasoning_tokens
-
-
 @dataclass
-class Job:
-    """A claimed batch and what finalising it needs."""
+class Finalization:
+    """A claimed batch and what finalizing it needs."""
 
-    lease: Lease
-    path: str  # "complete", "cancel" or "expire"
+    lease: BatchLease
+    path: Ending  # how the batch ends
     input_key: str
     output_expires_after: int
     shards: list[Shard] = field(default_factory=list)
@@ -77,7 +76,7 @@ class Job:
 
 
 def finalize_ready_batches(settings: Settings, owner: str, storage: Storage | None = None) -> int:
-    """Finalises every batch that is ready and not being finalised; returns how many ended."""
+    """Finalizes every batch that is ready and not being finalized; returns how many ended."""
     storage = storage or storage_of(settings)
     finished = 0
     for batch_id, epoch in _candidates(settings):
@@ -88,7 +87,7 @@ def finalize_ready_batches(settings: Settings, owner: str, storage: Storage | No
             if finalize(settings, storage, job):
                 finished += 1
         except Exception:
-            log.exception("finalising %s failed; it will be retried", batch_id)
+            log.exception("finalizing %s failed; it will be retried", batch_id)
             batch_lease.release(settings, job.lease)
     return finished
 
@@ -97,17 +96,17 @@ def _candidates(settings: Settings) -> list[tuple[str, int]]:
     now = time.time()
     live_shard = exists().where(
         Shard.batch_id == Batch.id,
-        Shard.status == "running",
+        Shard.status == ShardStatus.RUNNING,
         Shard.heartbeat_at >= now - settings.lease_seconds,
     )
-    open_shard = exists().where(Shard.batch_id == Batch.id, Shard.status != "done")
+    open_shard = exists().where(Shard.batch_id == Batch.id, Shard.status != ShardStatus.DONE)
     expired = Batch.expires_at <= int(now)
     ready = or_(
-        and_(Batch.status == "in_progress", ~open_shard),
-        and_(Batch.status == "in_progress", expired, ~live_shard),
-        and_(Batch.status == "cancelling", ~live_shard),
-        and_(Batch.status == "validating", expired),
-        Batch.status == "finalizing",
+        and_(Batch.status == BatchStatus.IN_PROGRESS, ~open_shard),
+        and_(Batch.status == BatchStatus.IN_PROGRESS, expired, ~live_shard),
+        and_(Batch.status == BatchStatus.CANCELLING, ~live_shard),
+        and_(Batch.status == BatchStatus.VALIDATING, expired),
+        Batch.status == BatchStatus.FINALIZING,
     )
     with session_scope(settings) as session:
         rows = session.execute(
@@ -119,7 +118,7 @@ def _candidates(settings: Settings) -> list[tuple[str, int]]:
     return [(row[0], row[1]) for row in rows]
 
 
-def _claim(settings: Settings, batch_id: str, epoch: int, owner: str) -> Job | None:
+def _claim(settings: Settings, batch_id: str, epoch: int, owner: str) -> Finalization | None:
     with session_scope(settings) as session:
         lease = batch_lease.take(session, batch_id, epoch, owner)
         if lease is None:
@@ -131,14 +130,14 @@ def _claim(settings: Settings, batch_id: str, epoch: int, owner: str) -> Job | N
         shards = list(
             session.scalars(select(Shard).where(Shard.batch_id == batch_id).order_by(Shard.index))
         )
-        path = _path(batch, shards)
-        if path == "complete" and batch.status == "in_progress":
-            batch.status = "finalizing"
+        ending = _ending(batch, shards)
+        if ending is Ending.COMPLETE and batch.status == BatchStatus.IN_PROGRESS:
+            batch.status = BatchStatus.FINALIZING
             batch.finalizing_at = int(time.time())
         input_key = session.scalar(select(File.storage_key).where(File.id == batch.input_file_id))
-        job = Job(
+        job = Finalization(
             lease=lease,
-            path=path,
+            path=ending,
             input_key=input_key or "",
             output_expires_after=batch.output_expires_after or DEFAULT_OUTPUT_EXPIRES_AFTER,
             shards=shards,
@@ -147,17 +146,19 @@ def _claim(settings: Settings, batch_id: str, epoch: int, owner: str) -> Job | N
         return job
 
 
-def _path(batch: Batch, shards: list[Shard]) -> str:
-    if batch.status == "cancelling":
-        return "cancel"
-    if batch.status == "finalizing":
-        return "complete"
-    if batch.status == "in_progress" and all(s.status == "done" for s in shards):
-        return "complete"
-    return "expire"
+def _ending(batch: Batch, shards: list[Shard]) -> Ending:
+    if batch.status == BatchStatus.CANCELLING:
+        return Ending.CANCEL
+    if batch.status == BatchStatus.FINALIZING:
+        return Ending.COMPLETE
+    if batch.status == BatchStatus.IN_PROGRESS and all(
+        s.status == ShardStatus.DONE for s in shards
+    ):
+        return Ending.COMPLETE
+    return Ending.EXPIRE
 
 
-def _load_chunks(session: Session, job: Job) -> None:
+def _load_chunks(session: Session, job: Finalization) -> None:
     rows = session.execute(
         select(ResultChunk.shard_id, ResultChunk.storage_key)
         .join(Shard, Shard.id == ResultChunk.shard_id)
@@ -191,21 +192,15 @@ class _LazyFile:
             self.writer.abort()
 
 
-def finalize(settings: Settings, storage: Storage, job: Job) -> bool:
+def finalize(settings: Settings, storage: Storage, job: Finalization) -> bool:
     """Writes the files and records them; False if the lease was lost or results changed."""
     output, errors = _LazyFile(storage, "output"), _LazyFile(storage, "error")
     tally = Progress()
     try:
         for line in _merged_lines(storage, job, Heartbeat(settings, job.lease)):
-            response = line.get("response")
-            status = response.get("status_code") if isinstance(response, dict) else None
-            if isinstance(status, int) and 200 <= status < 300:
-                output.write(orjson.dumps(line) + b"\n")
-                tally.completed += 1
-                _add_usage(tally, response.get("body") if isinstance(response, dict) else None)
-            else:
-                errors.write(orjson.dumps(line) + b"\n")
-                tally.failed += 1
+            ok, usage = _result_of(line)
+            (output if ok else errors).write(orjson.dumps(line) + b"\n")
+            tally.add(ok, usage)
         written = [(side, side.commit()) for side in (output, errors)]
     except _LeaseLost:
         output.abort()
@@ -225,11 +220,23 @@ def finalize(settings: Settings, storage: Storage, job: Job) -> bool:
     return True
 
 
+def _result_of(line: dict[str, Any]) -> tuple[bool, Usage]:
+    """Whether an output line is a success (it goes to the output file), and its usage."""
+    response = line.get("response")
+    if not isinstance(response, dict):
+        return False, Usage()
+    status = response.get("status_code")
+    ok = isinstance(status, int) and 200 <= status < 300
+    return ok, usage_of(response.get("body")) if ok else Usage()
+
+
 class _LeaseLost(Exception):
     pass
 
 
-def _merged_lines(storage: Storage, job: Job, heartbeat: Heartbeat) -> Iterator[dict[str, Any]]:
+def _merged_lines(
+    storage: Storage, job: Finalization, heartbeat: Heartbeat
+) -> Iterator[dict[str, Any]]:
     """Every request's output line, in input order; a made-up error line for unrun requests."""
     code, message = _UNRUN[job.path]
     count = 0
@@ -248,9 +255,8 @@ def _merged_lines(storage: Storage, job: Job, heartbeat: Heartbeat) -> Iterator[
 def _shard_results(storage: Storage, chunk_keys: list[str]) -> dict[int, dict[str, Any]]:
     results: dict[int, dict[str, Any]] = {}
     for key in chunk_keys:
-        for _line_no, raw in iter_lines(storage, key):
-            record = orjson.loads(raw)
-            results.setdefault(record["line"], record["output"])
+        for line, output in decode_chunk(b"".join(storage.read(key))):
+            results.setdefault(line, output)
     return results
 
 
@@ -266,7 +272,7 @@ def _unrun_line(raw: bytes, code: str, message: str) -> dict[str, Any]:
 
 def _record(
     settings: Settings,
-    job: Job,
+    job: Finalization,
     written: list[tuple[_LazyFile, StoredObject | None]],
     tally: Progress,
 ) -> bool:
@@ -284,7 +290,7 @@ def _record(
         # Refuse late writes of any shard holder, then check nothing arrived since we read.
         session.execute(
             update(Shard)
-            .where(Shard.batch_id == batch_id, Shard.status != "done")
+            .where(Shard.batch_id == batch_id, Shard.status != ShardStatus.DONE)
             .values(lease_epoch=Shard.lease_epoch + 1, lease_owner=None)
             .execution_options(synchronize_session=False)
         )
@@ -302,7 +308,7 @@ def _record(
                 session,
                 project_id=batch.project_id,
                 filename=f"{batch_id}_{side.side}.jsonl",
-                purpose="batch_output",
+                purpose=FileObjectPurpose.BATCH_OUTPUT,
                 stored=obj,
                 expires_at=now + job.output_expires_after,
                 file_id=side.file_id,
@@ -316,18 +322,19 @@ def _record(
     return True
 
 
-def _finish(batch: Batch, path: str, files: dict[str, File], tally: Progress, now: int) -> None:
-    if path == "expire":
-        batch.status, batch.expired_at = "expired", now
-    elif batch.status == "cancelling":
-        batch.status, batch.cancelled_at = "cancelled", now
+def _finish(
+    batch: Batch, ending: Ending, files: dict[str, File], tally: Progress, now: int
+) -> None:
+    if ending is Ending.EXPIRE:
+        batch.status, batch.expired_at = BatchStatus.EXPIRED, now
+    elif batch.status == BatchStatus.CANCELLING:
+        batch.status, batch.cancelled_at = BatchStatus.CANCELLED, now
     else:
-        batch.status, batch.completed_at = "completed", now
+        batch.status, batch.completed_at = BatchStatus.COMPLETED, now
     batch.output_file_id = files["output"].id if "output" in files else None
     batch.error_file_id = files["error"].id if "error" in files else None
-    batch.completed, batch.failed = tally.completed, tally.failed
-    batch.input_tokens, batch.cached_tokens = tally.input_tokens, tally.cached_tokens
-    batch.output_tokens, batch.reasoning_tokens = tally.output_tokens, tally.reasoning_tokens
+    for name, value in tally.values().items():
+        setattr(batch, name, value)
     batch.lease_owner, batch.heartbeat_at = None, None
 
 
@@ -340,7 +347,7 @@ def delete_chunks(settings: Settings, storage: Storage, batch_id: str) -> int:
 
 
 def delete_leftover_chunks(settings: Settings, storage: Storage) -> int:
-    """Removes chunks of terminal batches that a finaliser died before deleting."""
+    """Removes chunks of terminal batches that a finalizer died before deleting."""
     terminal = exists().where(Batch.id == Shard.batch_id, Batch.status.in_(TERMINAL_BATCH_STATUSES))
     return _delete_chunks(settings, storage, terminal)
 
