@@ -10,6 +10,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from app.endpoints import EMBEDDINGS, GENERATIVE
 
 MB = 1_000_000
+# GiB of KV cache each CPU vLLM engine reserves (VLLM_CPU_KVCACHE_SPACE). vLLM's own default
+# is 92% of the machine's memory, so a second engine (`serve`, `run-batch`) could never start.
+CPU_KV_CACHE_GIB = "2"
 
 
 class ServedModel(BaseModel):

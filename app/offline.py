@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from sqlalchemy import select, update
 
-from app.config import ServedModel, Settings
+from app.config import CPU_KV_CACHE_GIB, ServedModel, Settings
 from app.core.states import TERMINAL_BATCH_STATUSES, BatchStatus, ShardStatus
 from app.db.models import Batch, File, Shard
 from app.db.session import session_scope, upgrade
@@ -39,7 +39,6 @@ from app.services.files import create_file_from_storage, file_storage_key
 from app.services.validation import validate_pending
 from app.storage import Storage, storage_for, storage_of
 from app.storage.base import READ_CHUNK, put
-from app.supervisor import CPU_KV_CACHE_GIB
 from worker.finalizer import finalize_ready_batches
 from worker.models import source_of, unavailable
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 
-from app.config import Settings
+from app.config import CPU_KV_CACHE_GIB, Settings
 from app.version import overnight_version
 
 log = logging.getLogger("overnight.serve")
@@ -30,7 +30,6 @@ BACKOFF_SECONDS = (1.0, 2.0, 5.0, 10.0, 30.0)
 HEALTHY_AFTER_SECONDS = 60.0
 STOP_GRACE_SECONDS = 20.0
 POLL_SECONDS = 0.25
-CPU_KV_CACHE_GIB = "2"
 
 
 @dataclass

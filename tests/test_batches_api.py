@@ -187,6 +187,7 @@ def test_list_pages_newest_first_across_250_batches(
         created = [
             service.create_batch(session, settings, project_id, params).id for _ in range(250)
         ]
+        session.commit()  # services never commit: their caller does
     newest_first = created[::-1]
 
     assert [b.id for b in client.batches.list(limit=100)] == newest_first  # SDK auto-paging

@@ -10,7 +10,7 @@ from sqlalchemy import func, select, update
 
 from app.config import Settings
 from app.db.models import Batch, File, ResultChunk, Shard
-from app.db.session import session_factory, session_scope, upgrade
+from app.db.session import session_scope, upgrade
 from app.schemas.batches import CreateBatchRequest
 from app.services import batches
 from app.services.auth import DEFAULT_PROJECT, ensure_project
@@ -31,7 +31,7 @@ def db(settings: Settings) -> Iterator[Settings]:
 def new_batch(settings: Settings, n: int = 12, **create: Any) -> str:
     """A validated (`in_progress`) batch of `n` requests."""
     file_id = sim.store_input_file(settings, sim.requests_file(n))
-    with session_factory(settings.sqlalchemy_url)() as session:
+    with session_scope(settings) as session:
         project_id = ensure_project(session, DEFAULT_PROJECT).id
         params = CreateBatchRequest(
             input_file_id=file_id, endpoint=sim.CHAT, completion_window="24h", **create
@@ -214,7 +214,7 @@ def test_all_successes_leave_no_error_file_and_default_expiry_is_30_days(db: Set
 
 def test_a_batch_still_validating_at_expiry_expires_without_files(db: Settings) -> None:
     file_id = sim.store_input_file(db, sim.requests_file(3))
-    with session_factory(db.sqlalchemy_url)() as session:
+    with session_scope(db) as session:
         project_id = ensure_project(session, DEFAULT_PROJECT).id
         params = CreateBatchRequest(
             input_file_id=file_id, endpoint=sim.CHAT, completion_window="24h"

@@ -17,7 +17,7 @@ from sqlalchemy import select, update
 
 from app.config import ServedModel, Settings
 from app.db.models import Batch, Shard
-from app.db.session import session_factory, session_scope, upgrade
+from app.db.session import session_scope, upgrade
 from app.schemas.batches import CreateBatchRequest
 from app.services import batches
 from app.services.auth import DEFAULT_PROJECT, ensure_project
@@ -48,7 +48,7 @@ def db(settings: Settings) -> Iterator[Settings]:
 
 def create(settings: Settings, data: bytes, endpoint: str = CHAT) -> str:
     file_id = store_input_file(settings, data)
-    with session_factory(settings.sqlalchemy_url)() as session:
+    with session_scope(settings) as session:
         project_id = ensure_project(session, DEFAULT_PROJECT).id
         params = CreateBatchRequest(
             input_file_id=file_id, endpoint=endpoint, completion_window="24h"
@@ -249,7 +249,7 @@ def test_a_batch_cancelled_while_validating_ends_cancelled_without_files(db: Set
     batch_id = create(db, requests_file(10))
     with session_scope(db) as session:
         project_id = ensure_project(session, DEFAULT_PROJECT).id
-    with session_factory(db.sqlalchemy_url)() as session:
+    with session_scope(db) as session:
         assert batches.cancel_batch(session, project_id, batch_id).status == "cancelling"
     validate_pending(db, "v")  # must not write shards for a cancelled batch
     assert shards_of(db, batch_id) == []

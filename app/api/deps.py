@@ -1,11 +1,11 @@
-"""Dependencies the routes declare by type: settings, a database session, storage, caller."""
+"""Dependencies the routes declare by type: settings, the unit of work, storage, caller."""
 
 from collections.abc import Iterator
 from typing import Annotated
 
 from fastapi import Depends, Header, Request
-from sqlalchemy.orm import Session
 
+from app.api.unit_of_work import UnitOfWork
 from app.config import Settings
 from app.db.session import read_session_factory, session_factory
 from app.errors import OpenAIError
@@ -21,14 +21,14 @@ def get_settings(request: Request) -> Settings:
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 
 
-def get_session(request: Request, settings: SettingsDep) -> Iterator[Session]:
+def get_unit_of_work(request: Request, settings: SettingsDep) -> Iterator[UnitOfWork]:
     reads_only = request.method in ("GET", "HEAD")
     factory = read_session_factory if reads_only else session_factory
-    with factory(settings.sqlalchemy_url)() as session:
-        yield session
+    with factory(settings.sqlalchemy_url)(autobegin=False) as session:
+        yield UnitOfWork(session)
 
 
-SessionDep = Annotated[Session, Depends(get_session)]
+UnitOfWorkDep = Annotated[UnitOfWork, Depends(get_unit_of_work)]
 
 
 def get_storage(settings: SettingsDep) -> Storage:
@@ -46,15 +46,14 @@ def get_access(request: Request) -> Access:
 AccessDep = Annotated[Access, Depends(get_access)]
 
 
-def get_principal(
-    session: SessionDep,
+async def get_principal(
+    uow: UnitOfWorkDep,
     settings: SettingsDep,
     access: AccessDep,
     authorization: Annotated[str | None, Header()] = None,
 ) -> Principal:
-    principal = authenticate(session, settings, access, authorization)
-    session.commit()  # release SQLite's write lock before the route's own work
-    return principal
+    # Its own transaction: SQLite's write lock is not held into the route's work.
+    return await uow.run(authenticate, settings, access, authorization)
 
 
 PrincipalDep = Annotated[Principal, Depends(get_principal)]

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from app.api.routes.admin import key_object
 from app.client import output
 from app.client.connection import client, explicit_base_url
 from app.config import get_settings
@@ -59,7 +58,7 @@ def _rows(args: argparse.Namespace) -> list[dict[str, Any]]:
         )
         return list(page["data"])
     with session_scope(_local_settings(args)) as session:
-        return [key_object(k, p).model_dump() for k, p in keys.list_keys(session, args.project)]
+        return [key.model_dump() for key in keys.key_objects(session, args.project)]
 
 
 def cmd_list(args: argparse.Namespace) -> int:

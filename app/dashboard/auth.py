@@ -10,7 +10,7 @@ from urllib.parse import quote
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
-from app.api.deps import AccessDep, SessionDep, SettingsDep
+from app.api.deps import AccessDep, SettingsDep, UnitOfWorkDep
 from app.config import Settings
 from app.errors import OpenAIError
 from app.services.auth import Access, authenticate
@@ -34,8 +34,6 @@ def is_admin_key(session: Session, settings: Settings, access: Access, key: str 
         principal = authenticate(session, settings, access, f"Bearer {key}" if key else None)
     except OpenAIError:
         return False
-    finally:
-        session.commit()
     return principal.is_admin
 
 
@@ -50,19 +48,19 @@ def safe_next(next_url: str | None) -> str:
     return COOKIE_PATH
 
 
-def require_page_login(
-    request: Request, session: SessionDep, settings: SettingsDep, access: AccessDep
+async def require_page_login(
+    request: Request, uow: UnitOfWorkDep, settings: SettingsDep, access: AccessDep
 ) -> None:
-    if not is_admin_key(session, settings, access, request.cookies.get(COOKIE)):
+    if not await uow.run(is_admin_key, settings, access, request.cookies.get(COOKIE)):
         target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
         raise LoginRequired(target)
 
 
-def require_api_login(
-    request: Request, session: SessionDep, settings: SettingsDep, access: AccessDep
+async def require_api_login(
+    request: Request, uow: UnitOfWorkDep, settings: SettingsDep, access: AccessDep
 ) -> None:
     """For the dashboard's JSON feeds and actions: 401 (the page script then shows the form)."""
-    if not is_admin_key(session, settings, access, request.cookies.get(COOKIE)):
+    if not await uow.run(is_admin_key, settings, access, request.cookies.get(COOKIE)):
         raise OpenAIError("Log in to the dashboard with an admin key.", status_code=401)
     if request.method != "GET" and request.headers.get(ACTION_HEADER) != "1":
         raise OpenAIError("Dashboard actions must come from the dashboard.", status_code=403)

@@ -1,6 +1,10 @@
-"""The admin dashboard: server-rendered pages, JSON feeds for live updates, and actions."""
+"""The admin dashboard: server-rendered pages, JSON feeds for live updates, and actions.
+
+Every read and write goes through a service in a `uow.run` (one committed transaction).
+"""
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import quote
@@ -15,13 +19,11 @@ from fastapi.responses import (
 )
 from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, FileSystemLoader
-from sqlalchemy import select
 from sqlalchemy.orm import Session
-from starlette.concurrency import run_in_threadpool
 
 from app.api.body import read_json
-from app.api.deps import AccessDep, SessionDep, SettingsDep, StorageDep
-from app.api.routes.admin import create_key_object, key_object
+from app.api.deps import AccessDep, SettingsDep, StorageDep, UnitOfWorkDep
+from app.api.unit_of_work import UnitOfWork
 from app.core.states import BatchStatus
 from app.dashboard import views
 from app.dashboard.auth import (
@@ -32,13 +34,13 @@ from app.dashboard.auth import (
     is_admin_key,
     safe_next,
 )
-from app.db.models import Batch, File
 from app.errors import not_found
 from app.schemas.admin import CreateApiKeyRequest
 from app.services import batches, keys, monitoring
 from app.services.files import open_file_content
 from app.services.housekeeping import FINALISATION, wake
 from app.services.throughput import throughput_series
+from app.storage import Storage
 from app.version import overnight_version
 
 HERE = Path(__file__).parent
@@ -59,9 +61,9 @@ router = APIRouter(prefix=COOKIE_PATH, include_in_schema=False)
 FILE_PURPOSES = ("batch", "batch_output", "fine-tune", "vision", "user_data", "assistants")
 
 
-def _page(request: Request, session: Session, name: str, **context: Any) -> HTMLResponse:
-    open_mode = request.app.state.access.is_open(session, request.app.state.settings)
-    session.commit()
+async def _page(request: Request, uow: UnitOfWork, name: str, **context: Any) -> HTMLResponse:
+    state = request.app.state
+    open_mode = await uow.run(state.access.is_open, state.settings)
     return templates.TemplateResponse(
         request,
         name,
@@ -74,23 +76,23 @@ def _page(request: Request, session: Session, name: str, **context: Any) -> HTML
 
 
 @router.get("/login")
-def login_form(request: Request, session: SessionDep, next: str | None = None) -> Response:
-    return _page(request, session, "login.html", next=safe_next(next), error=None)
+async def login_form(request: Request, uow: UnitOfWorkDep, next: str | None = None) -> Response:
+    return await _page(request, uow, "login.html", next=safe_next(next), error=None)
 
 
 @router.post("/login")
-def login(
+async def login(
     request: Request,
-    session: SessionDep,
+    uow: UnitOfWorkDep,
     settings: SettingsDep,
     access: AccessDep,
     key: Annotated[str, Form()] = "",
     next: Annotated[str, Form()] = COOKIE_PATH,
 ) -> Response:
     key = key.strip()
-    if not key or not is_admin_key(session, settings, access, key):
-        refused = _page(
-            request, session, "login.html", next=safe_next(next), error="That is not an admin key."
+    if not key or not await uow.run(is_admin_key, settings, access, key):
+        refused = await _page(
+            request, uow, "login.html", next=safe_next(next), error="That is not an admin key."
         )
         refused.status_code = 401
         return refused
@@ -117,7 +119,7 @@ def logout() -> Response:
     return response
 
 
-# --- pages ------------------------------------------------------------------------------
+# --- what the pages and feeds show (each runs in one transaction) -----------------------
 
 
 def _batch_rows(
@@ -144,29 +146,7 @@ def _worker_rows(session: Session, lease: float) -> list[views.Row]:
 
 
 def _key_rows(session: Session) -> list[views.Row]:
-    return [views.key_row(key_object(k, p)) for k, p in keys.list_keys(session)]
-
-
-@router.get("", response_class=HTMLResponse)
-def batches_page(
-    request: Request,
-    _login: PageLogin,
-    session: SessionDep,
-    settings: SettingsDep,
-    status: str = "",
-    project: str = "",
-) -> Response:
-    rows = _batch_rows(session, settings.lease_seconds, status, project)
-    return _page(
-        request,
-        session,
-        "batches.html",
-        rows=rows,
-        status_options=[(s.value, s.value) for s in BatchStatus],
-        project_options=_project_options(session),
-        status=status,
-        project=project,
-    )
+    return [views.key_row(key) for key in keys.key_objects(session)]
 
 
 def _batch_detail(session: Session, batch_id: str, lease: float) -> views.Row:
@@ -174,8 +154,7 @@ def _batch_detail(session: Session, batch_id: str, lease: float) -> views.Row:
     if view is None:
         raise not_found("Batch", batch_id)
     b = view.batch
-    ids = [i for i in (b.input_file_id, b.output_file_id, b.error_file_id) if i]
-    files = {f.id: f for f in session.scalars(select(File).where(File.id.in_(ids)))}
+    files = monitoring.files_by_id(session, [b.input_file_id, b.output_file_id, b.error_file_id])
     detail = views.batch_detail(view, files, time.time())
     series = b.throughput or throughput_series(session, batch_id)
     detail["series"] = series = [(t, rate) for t, rate in series]
@@ -183,29 +162,80 @@ def _batch_detail(session: Session, batch_id: str, lease: float) -> views.Row:
     return detail
 
 
-@router.get("/batches/{batch_id}", response_class=HTMLResponse)
-def batch_page(
-    request: Request, batch_id: str, _login: PageLogin, session: SessionDep, settings: SettingsDep
+def _batches_page(session: Session, lease: float, status: str, project: str) -> dict[str, Any]:
+    return {
+        "rows": _batch_rows(session, lease, status, project),
+        "project_options": _project_options(session),
+    }
+
+
+def _files_page(session: Session, project: str, purpose: str) -> dict[str, Any]:
+    return {
+        "rows": _file_rows(session, project, purpose),
+        "project_options": _project_options(session),
+    }
+
+
+def _keys_page(session: Session) -> dict[str, Any]:
+    return {"rows": _key_rows(session), "projects": monitoring.list_projects(session)}
+
+
+def _open_any_file(
+    session: Session, storage: Storage, file_id: str
+) -> tuple[str, int, Iterator[bytes]]:
+    owner = monitoring.file_owner(session, file_id)
+    if owner is None:
+        raise not_found("File", file_id)
+    row, chunks = open_file_content(session, storage, owner, file_id)
+    return row.filename, row.bytes, chunks
+
+
+# --- pages ------------------------------------------------------------------------------
+
+
+@router.get("", response_class=HTMLResponse)
+async def batches_page(
+    request: Request,
+    _login: PageLogin,
+    uow: UnitOfWorkDep,
+    settings: SettingsDep,
+    status: str = "",
+    project: str = "",
 ) -> Response:
-    batch = _batch_detail(session, batch_id, settings.lease_seconds)
-    return _page(request, session, "batch.html", batch=batch)
+    found = await uow.run(_batches_page, settings.lease_seconds, status, project)
+    return await _page(
+        request,
+        uow,
+        "batches.html",
+        **found,
+        status_options=[(s.value, s.value) for s in BatchStatus],
+        status=status,
+        project=project,
+    )
+
+
+@router.get("/batches/{batch_id}", response_class=HTMLResponse)
+async def batch_page(
+    request: Request, batch_id: str, _login: PageLogin, uow: UnitOfWorkDep, settings: SettingsDep
+) -> Response:
+    batch = await uow.run(_batch_detail, batch_id, settings.lease_seconds)
+    return await _page(request, uow, "batch.html", batch=batch)
 
 
 @router.get("/files", response_class=HTMLResponse)
-def files_page(
+async def files_page(
     request: Request,
     _login: PageLogin,
-    session: SessionDep,
+    uow: UnitOfWorkDep,
     project: str = "",
     purpose: str = "",
 ) -> Response:
-    rows = _file_rows(session, project, purpose)
-    return _page(
+    found = await uow.run(_files_page, project, purpose)
+    return await _page(
         request,
-        session,
+        uow,
         "files.html",
-        rows=rows,
-        project_options=_project_options(session),
+        **found,
         purpose_options=[(p, p) for p in FILE_PURPOSES],
         project=project,
         purpose=purpose,
@@ -213,35 +243,30 @@ def files_page(
 
 
 @router.get("/workers", response_class=HTMLResponse)
-def workers_page(
-    request: Request, _login: PageLogin, session: SessionDep, settings: SettingsDep
+async def workers_page(
+    request: Request, _login: PageLogin, uow: UnitOfWorkDep, settings: SettingsDep
 ) -> Response:
-    rows = _worker_rows(session, settings.lease_seconds)
-    return _page(request, session, "workers.html", rows=rows)
+    rows = await uow.run(_worker_rows, settings.lease_seconds)
+    return await _page(request, uow, "workers.html", rows=rows)
 
 
 @router.get("/keys", response_class=HTMLResponse)
-def keys_page(request: Request, _login: PageLogin, session: SessionDep) -> Response:
-    rows = _key_rows(session)
-    return _page(
-        request, session, "keys.html", rows=rows, projects=monitoring.list_projects(session)
-    )
+async def keys_page(request: Request, _login: PageLogin, uow: UnitOfWorkDep) -> Response:
+    return await _page(request, uow, "keys.html", **await uow.run(_keys_page))
 
 
 @router.get("/files/{file_id}/content")
-def download(file_id: str, _login: PageLogin, session: SessionDep, storage: StorageDep) -> Response:
+async def download(
+    file_id: str, _login: PageLogin, uow: UnitOfWorkDep, storage: StorageDep
+) -> Response:
     """Any project's file, as an attachment under its own (quoted) name."""
-    owner = session.scalar(select(File.project_id).where(File.id == file_id))
-    if owner is None:
-        raise not_found("File", file_id)
-    row, chunks = open_file_content(session, storage, owner, file_id)
-    session.commit()
-    ascii_name = "".join(c if c.isalnum() or c in "._-" else "_" for c in row.filename)
-    disposition = f"attachment; filename=\"{ascii_name}\"; filename*=UTF-8''{quote(row.filename)}"
+    filename, size, chunks = await uow.run(_open_any_file, storage, file_id)
+    ascii_name = "".join(c if c.isalnum() or c in "._-" else "_" for c in filename)
+    disposition = f"attachment; filename=\"{ascii_name}\"; filename*=UTF-8''{quote(filename)}"
     return StreamingResponse(
         chunks,
         media_type="application/octet-stream",
-        headers={"content-disposition": disposition, "content-length": str(row.bytes)},
+        headers={"content-disposition": disposition, "content-length": str(size)},
     )
 
 
@@ -249,66 +274,55 @@ def download(file_id: str, _login: PageLogin, session: SessionDep, storage: Stor
 
 
 @router.get("/api/batches")
-def batches_feed(
+async def batches_feed(
     _login: ApiLogin,
-    session: SessionDep,
+    uow: UnitOfWorkDep,
     settings: SettingsDep,
     status: Annotated[str, Query()] = "",
     project: Annotated[str, Query()] = "",
 ) -> dict[str, Any]:
-    rows = _batch_rows(session, settings.lease_seconds, status, project)
-    session.commit()
-    return {"rows": rows}
+    return {"rows": await uow.run(_batch_rows, settings.lease_seconds, status, project)}
 
 
 @router.get("/api/batches/{batch_id}")
-def batch_feed(
-    batch_id: str, _login: ApiLogin, session: SessionDep, settings: SettingsDep
+async def batch_feed(
+    batch_id: str, _login: ApiLogin, uow: UnitOfWorkDep, settings: SettingsDep
 ) -> dict[str, Any]:
-    detail = _batch_detail(session, batch_id, settings.lease_seconds)
-    session.commit()
-    return detail
+    return await uow.run(_batch_detail, batch_id, settings.lease_seconds)
 
 
 @router.post("/api/batches/{batch_id}/cancel")
-def cancel(
-    batch_id: str, _login: ApiLogin, session: SessionDep, settings: SettingsDep
+async def cancel(
+    batch_id: str, _login: ApiLogin, uow: UnitOfWorkDep, settings: SettingsDep
 ) -> dict[str, str]:
-    project_id = session.scalar(select(Batch.project_id).where(Batch.id == batch_id))
-    if project_id is None:
-        raise not_found("Batch", batch_id)
-    batch = batches.cancel_batch(session, project_id, batch_id)
+    batch = await uow.run(batches.cancel_any_batch, batch_id)
     wake(settings, FINALISATION)  # with no worker holding a shard, it ends `cancelled` at once
     return {"id": batch.id, "status": batch.status}
 
 
 @router.get("/api/workers")
-def workers_feed(_login: ApiLogin, session: SessionDep, settings: SettingsDep) -> dict[str, Any]:
-    rows = _worker_rows(session, settings.lease_seconds)
-    session.commit()
-    return {"rows": rows}
+async def workers_feed(
+    _login: ApiLogin, uow: UnitOfWorkDep, settings: SettingsDep
+) -> dict[str, Any]:
+    return {"rows": await uow.run(_worker_rows, settings.lease_seconds)}
 
 
 @router.get("/api/files")
-def files_feed(
-    _login: ApiLogin, session: SessionDep, project: str = "", purpose: str = ""
+async def files_feed(
+    _login: ApiLogin, uow: UnitOfWorkDep, project: str = "", purpose: str = ""
 ) -> dict[str, Any]:
-    rows = _file_rows(session, project, purpose)
-    session.commit()
-    return {"rows": rows}
+    return {"rows": await uow.run(_file_rows, project, purpose)}
 
 
 @router.get("/api/keys")
-def keys_feed(_login: ApiLogin, session: SessionDep) -> dict[str, Any]:
-    rows = _key_rows(session)
-    session.commit()
-    return {"rows": rows}
+async def keys_feed(_login: ApiLogin, uow: UnitOfWorkDep) -> dict[str, Any]:
+    return {"rows": await uow.run(_key_rows)}
 
 
 @router.post("/api/keys")
-async def create_key(request: Request, _login: ApiLogin, session: SessionDep) -> Response:
+async def create_key(request: Request, _login: ApiLogin, uow: UnitOfWorkDep) -> Response:
     body = await read_json(request, CreateApiKeyRequest)
-    key, secret = await run_in_threadpool(create_key_object, session, body)
+    key, secret = await uow.run(keys.create_key_object, body.project, body.role, body.name)
     response = JSONResponse({"row": views.key_row(key), "value": secret})
     if body.role == "admin" and not request.cookies.get(COOKIE):
         # The first key ends open mode: keep this browser logged in with it.
@@ -317,9 +331,8 @@ async def create_key(request: Request, _login: ApiLogin, session: SessionDep) ->
 
 
 @router.post("/api/keys/{key_id}/revoke")
-def revoke_key(
-    key_id: str, _login: ApiLogin, session: SessionDep, settings: SettingsDep
+async def revoke_key(
+    key_id: str, _login: ApiLogin, uow: UnitOfWorkDep, settings: SettingsDep
 ) -> dict[str, str]:
-    key = keys.revoke_key(session, key_id, admin_key_configured=bool(settings.admin_key))
-    session.commit()
+    key = await uow.run(keys.revoke_key, key_id, admin_key_configured=bool(settings.admin_key))
     return {"id": key.id}

@@ -36,7 +36,7 @@ MAX_LIST_LIMIT = 100
 def create_batch(
     session: Session, settings: Settings, project_id: str, params: CreateBatchRequest
 ) -> BatchObject:
-    """Checks the request, records a `validating` batch and commits; validation follows."""
+    """Checks the request and records a `validating` batch; validation follows."""
     _check_endpoint(params.endpoint)
     window_seconds = _window_seconds(settings, params.completion_window)
     _check_metadata(params.metadata)
@@ -64,7 +64,7 @@ def create_batch(
         expires_at=now + window_seconds,
     )
     session.add(batch)
-    session.commit()
+    session.flush()
     return to_wire(batch, Progress())
 
 
@@ -151,7 +151,6 @@ def cancel_batch(session: Session, project_id: str, batch_id: str) -> BatchObjec
         .execution_options(synchronize_session=False)
     )
     batch = _find(session, project_id, batch_id)
-    session.commit()
     if batch.status in (BatchStatus.FAILED, BatchStatus.COMPLETED, BatchStatus.EXPIRED):
         raise OpenAIError(
             f"Cannot cancel a batch with status '{batch.status}'.",
@@ -159,6 +158,14 @@ def cancel_batch(session: Session, project_id: str, batch_id: str) -> BatchObjec
             type="invalid_request_error",
         )
     return _present(session, [batch])[0]
+
+
+def cancel_any_batch(session: Session, batch_id: str) -> BatchObject:
+    """`cancel_batch` for an operator, whatever the batch's project."""
+    project_id = session.scalar(select(Batch.project_id).where(Batch.id == batch_id))
+    if project_id is None:
+        raise not_found("Batch", batch_id)
+    return cancel_batch(session, project_id, batch_id)
 
 
 def _find(session: Session, project_id: str, batch_id: str) -> Batch:
@@ -176,7 +183,6 @@ def _present(session: Session, batches: Sequence[Batch]) -> list[BatchObject]:
     live = live_progress(
         session, [b.id for b in batches if b.status not in TERMINAL_BATCH_STATUSES]
     )
-    session.commit()  # end the read transaction before the response is sent
     return [to_wire(b, live.get(b.id, Progress())) for b in batches]
 
 

@@ -9,6 +9,7 @@ reads them.
 import itertools
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
@@ -207,18 +208,18 @@ def register_client_file(
     )
 
 
-def create_file(
-    session: Session,
-    settings: Settings,
-    project_id: str,
-    intake: FileIntake,
-    fields: Mapping[str, Any],
-) -> FileObject:
-    """Finish a `POST /files`: check the form, commit the bytes, register the File.
+@dataclass(frozen=True)
+class ReceivedFile:
+    """A `POST /files` whose bytes are committed to storage, not yet registered."""
 
-    Runs its own transaction (call it with none open): the fsync of a large file
-    happens before the database is touched.
-    """
+    file_id: str
+    filename: str
+    params: FileCreateParams
+    stored: StoredObject
+
+
+def receive(settings: Settings, intake: FileIntake, fields: Mapping[str, Any]) -> ReceivedFile:
+    """Check the form and commit the bytes (with no transaction open: a large fsync is slow)."""
     try:
         params = parse_create_params(fields)
         if intake.sink is None or intake.filename is None:
@@ -231,22 +232,23 @@ def create_file(
     except BaseException:
         intake.abort()
         raise
-    seconds = params.expires_after.seconds if params.expires_after else None
-    try:
-        with session.begin():
-            row = register_client_file(
-                session,
-                settings,
-                project_id=project_id,
-                file_id=intake.file_id,
-                filename=intake.filename,
-                purpose=params.purpose,
-                stored=stored,
-                expires_after_seconds=seconds,
-            )
-    except BaseException:
-        intake.storage.delete(stored.key)
-        raise
+    return ReceivedFile(intake.file_id, intake.filename, params, stored)
+
+
+def register_received(
+    session: Session, settings: Settings, project_id: str, received: ReceivedFile
+) -> FileObject:
+    params = received.params
+    row = register_client_file(
+        session,
+        settings,
+        project_id=project_id,
+        file_id=received.file_id,
+        filename=received.filename,
+        purpose=params.purpose,
+        stored=received.stored,
+        expires_after_seconds=params.expires_after.seconds if params.expires_after else None,
+    )
     return to_file_object(row)
 
 
@@ -299,6 +301,10 @@ def get_file(session: Session, project_id: str, file_id: str, *, param: str = "i
     if row is None:
         raise not_found("File", file_id, param=param)
     return row
+
+
+def retrieve_file(session: Session, project_id: str, file_id: str) -> FileObject:
+    return to_file_object(get_file(session, project_id, file_id))
 
 
 def to_file_object(row: File) -> FileObject:
@@ -378,17 +384,15 @@ def _unreclaimed(session: Session, ids: Sequence[str] | None = None) -> Sequence
     return session.scalars(stmt.order_by(File.seq).limit(SWEEP_LIMIT)).all()
 
 
-def delete_file(session: Session, storage: Storage, project_id: str, file_id: str) -> FileDeleted:
-    """Delete a File: gone from the API at once, bytes removed unless a running batch reads them.
-
-    Runs its own transactions (call it with none open).
-    """
-    with session.begin():
-        row = get_file(session, project_id, file_id)
-        row.deleted_at = _now()
-    with session.begin():
-        _reclaim(session, storage, _unreclaimed(session, [file_id]))
+def delete_file(session: Session, project_id: str, file_id: str) -> FileDeleted:
+    """Delete a File: gone from the API at once; `reclaim_deleted` then removes its bytes."""
+    get_file(session, project_id, file_id).deleted_at = _now()
     return FileDeleted(id=file_id)
+
+
+def reclaim_deleted(session: Session, storage: Storage, file_id: str) -> None:
+    """Remove a deleted File's bytes, unless a running batch still reads them."""
+    _reclaim(session, storage, _unreclaimed(session, [file_id]))
 
 
 def expire_files(session: Session, storage: Storage, now: int) -> int:

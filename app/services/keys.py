@@ -7,6 +7,7 @@ from sqlalchemy.orm import Session
 
 from app.db.models import ApiKey, Project
 from app.errors import OpenAIError, not_found
+from app.schemas.admin import ApiKeyObject
 from app.services.auth import create_key
 
 
@@ -20,6 +21,33 @@ def list_keys(
     if not include_revoked:
         query = query.where(ApiKey.revoked_at.is_(None))
     return [(k, p) for k, p in session.execute(query.order_by(ApiKey.seq.desc()))]
+
+
+def to_key_object(key: ApiKey, project: Project) -> ApiKeyObject:
+    return ApiKeyObject(
+        id=key.id,
+        name=key.name,
+        project_id=project.id,
+        project_name=project.name,
+        role=key.role,
+        redacted_value=key.redacted,
+        created_at=key.created_at,
+        revoked_at=key.revoked_at,
+    )
+
+
+def key_objects(
+    session: Session, project_name: str | None = None, include_revoked: bool = False
+) -> list[ApiKeyObject]:
+    return [to_key_object(k, p) for k, p in list_keys(session, project_name, include_revoked)]
+
+
+def create_key_object(
+    session: Session, project_name: str, role: str = "member", name: str = ""
+) -> tuple[ApiKeyObject, str]:
+    """A new key as the API shows it, with its secret (shown this once)."""
+    key, project, secret = create_project_key(session, project_name, role, name)
+    return to_key_object(key, project), secret
 
 
 def create_project_key(

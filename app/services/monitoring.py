@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 from app.core.progress import Progress
 from app.core.states import TERMINAL_BATCH_STATUSES, BatchStatus, ShardStatus
 from app.db.models import Batch, File, Project, RegisteredWorker, Shard
-from app.schemas.admin import WorkerState
+from app.schemas.admin import ProjectObject, WorkerObject, WorkerState
 from app.schemas.batches import BatchObject
 from app.services import batches
 
@@ -63,6 +63,23 @@ class WorkerView:
     shard_index: int | None
     state: WorkerState
     heartbeat_age: float
+
+    def wire(self) -> WorkerObject:
+        w = self.worker
+        return WorkerObject(
+            id=w.id,
+            host=w.host,
+            pid=w.pid,
+            model=w.model,
+            state=self.state,
+            started_at=w.started_at,
+            heartbeat_at=w.heartbeat_at,
+            heartbeat_age_seconds=round(self.heartbeat_age, 3),
+            current_batch_id=self.batch_id,
+            current_shard_index=self.shard_index,
+            tokens_per_second=w.tokens_per_second,
+            stopped_at=w.stopped_at,
+        )
 
 
 @dataclass
@@ -185,6 +202,23 @@ def list_files(
 
 def list_projects(session: Session) -> Sequence[Project]:
     return session.scalars(select(Project).order_by(Project.name)).all()
+
+
+def project_objects(session: Session) -> list[ProjectObject]:
+    return [
+        ProjectObject(id=p.id, name=p.name, created_at=p.created_at) for p in list_projects(session)
+    ]
+
+
+def files_by_id(session: Session, file_ids: Sequence[str | None]) -> dict[str, File]:
+    """The files among `file_ids` (deleted or not), by id."""
+    ids = [i for i in file_ids if i]
+    return {f.id: f for f in session.scalars(select(File).where(File.id.in_(ids)))}
+
+
+def file_owner(session: Session, file_id: str) -> str | None:
+    """The project a file (deleted or not) belongs to."""
+    return session.scalar(select(File.project_id).where(File.id == file_id))
 
 
 def totals(session: Session, lease_seconds: float) -> Totals:

@@ -52,7 +52,7 @@ def part_storage_prefix(upload_id: str) -> str:
     return f"uploads/{upload_id}/"
 
 
-def _delete_parts(storage: Storage, upload_id: str) -> None:
+def delete_parts(storage: Storage, upload_id: str) -> None:
     # Listing the prefix also catches a part whose row was never written (crash).
     for key in list(storage.list(part_storage_prefix(upload_id))):
         storage.delete(key)
@@ -178,33 +178,29 @@ def start_part(
     )
 
 
-def add_part(
-    session: Session, storage: Storage, project_id: str, intake: PartIntake
-) -> UploadPartObject:
-    """Commit a received part and record it, if the upload is still pending by then.
-
-    Runs its own transaction (call it with none open).
-    """
+def store_part(intake: PartIntake) -> StoredObject:
+    """Commit a received part's bytes (with no transaction open)."""
     try:
-        stored = intake.sink.commit()
+        return intake.sink.commit()
     except BaseException:
         intake.sink.abort()
         raise
-    try:
-        with session.begin():
-            upload = get_upload(session, project_id, intake.upload_id, lock=True)
-            require_pending(upload, "add a part to")
-            part = UploadPart(
-                id=intake.part_id,
-                upload_id=upload.id,
-                bytes=stored.bytes,
-                storage_key=stored.key,
-                created_at=_now(),
-            )
-            session.add(part)
-    except BaseException:
-        storage.delete(stored.key)
-        raise
+
+
+def record_part(
+    session: Session, project_id: str, intake: PartIntake, stored: StoredObject
+) -> UploadPartObject:
+    """Record a stored part, if the upload is still pending by then."""
+    upload = get_upload(session, project_id, intake.upload_id, lock=True)
+    require_pending(upload, "add a part to")
+    part = UploadPart(
+        id=intake.part_id,
+        upload_id=upload.id,
+        bytes=stored.bytes,
+        storage_key=stored.key,
+        created_at=_now(),
+    )
+    session.add(part)
     return UploadPartObject(id=part.id, created_at=part.created_at, upload_id=part.upload_id)
 
 
@@ -246,9 +242,18 @@ def _md5_matches(expected: str, digest: bytes) -> bool:
         return False
 
 
-def _concatenate(
-    storage: Storage, keys: Sequence[str], file_id: str, md5: str | None
-) -> StoredObject:
+def parts_to_join(
+    session: Session, project_id: str, upload_id: str, body: UploadComplete
+) -> list[str]:
+    """The storage keys of the parts `complete` names, in order, once they are checked."""
+    upload = get_upload(session, project_id, upload_id)
+    require_pending(upload, "complete")
+    return [p.storage_key for p in _ordered_parts(session, upload, body.part_ids)]
+
+
+def join_parts(storage: Storage, keys: Sequence[str], md5: str | None) -> tuple[str, StoredObject]:
+    """Stream the parts into a new File's object (with no transaction open): its id and it."""
+    file_id = new_file_id()
     writer = storage.writer(file_storage_key(file_id))
     digest = hashlib.md5(usedforsecurity=False)
     try:
@@ -270,61 +275,41 @@ def _concatenate(
     except BaseException:
         writer.abort()
         raise
-    return writer.commit()
+    return file_id, writer.commit()
 
 
-def complete_upload(
+def record_completion(
     session: Session,
     settings: Settings,
-    storage: Storage,
     project_id: str,
     upload_id: str,
-    body: UploadComplete,
+    joined: tuple[str, StoredObject],
 ) -> UploadObject:
-    """Assemble the parts into a new File and mark the upload completed.
-
-    Runs its own transactions (call it with none open): the parts are copied with no
-    transaction held, and the upload is re-checked before the File is registered.
-    """
-    with session.begin():
-        upload = get_upload(session, project_id, upload_id)
+    """Register the joined File and mark the upload completed, unless it ended meanwhile."""
+    file_id, stored = joined
+    upload = get_upload(session, project_id, upload_id, lock=True)
+    if upload.status != UploadStatus.PENDING:
         require_pending(upload, "complete")
-        keys = [p.storage_key for p in _ordered_parts(session, upload, body.part_ids)]
-    file_id = new_file_id()
-    stored = _concatenate(storage, keys, file_id, body.md5)
-    try:
-        with session.begin():
-            upload = get_upload(session, project_id, upload_id, lock=True)
-            if upload.status != UploadStatus.PENDING:
-                require_pending(upload, "complete")
-            file = register_client_file(
-                session,
-                settings,
-                project_id=project_id,
-                file_id=file_id,
-                filename=upload.filename,
-                purpose=upload.purpose,
-                stored=stored,
-                expires_after_seconds=upload.file_expires_after,
-            )
-            upload.status = UploadStatus.COMPLETED
-            upload.file_id = file.id
-    except BaseException:
-        storage.delete(stored.key)
-        raise
-    _delete_parts(storage, upload_id)
+    file = register_client_file(
+        session,
+        settings,
+        project_id=project_id,
+        file_id=file_id,
+        filename=upload.filename,
+        purpose=upload.purpose,
+        stored=stored,
+        expires_after_seconds=upload.file_expires_after,
+    )
+    upload.status = UploadStatus.COMPLETED
+    upload.file_id = file.id
     return to_upload_object(upload, file)
 
 
-def cancel_upload(
-    session: Session, storage: Storage, project_id: str, upload_id: str
-) -> UploadObject:
-    """Cancel a pending upload and drop its parts. Runs its own transaction."""
-    with session.begin():
-        upload = get_upload(session, project_id, upload_id, lock=True)
-        require_pending(upload, "cancel")
-        upload.status = UploadStatus.CANCELLED
-    _delete_parts(storage, upload_id)
+def cancel_upload(session: Session, project_id: str, upload_id: str) -> UploadObject:
+    """Cancel a pending upload; `delete_parts` then drops its parts."""
+    upload = get_upload(session, project_id, upload_id, lock=True)
+    require_pending(upload, "cancel")
+    upload.status = UploadStatus.CANCELLED
     return to_upload_object(upload)
 
 
@@ -341,5 +326,5 @@ def expire_uploads(session: Session, storage: Storage, now: int) -> int:
     ).all()
     for row in rows:
         row.status = UploadStatus.EXPIRED
-        _delete_parts(storage, row.id)
+        delete_parts(storage, row.id)
     return len(rows)

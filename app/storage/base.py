@@ -7,6 +7,7 @@ commits the whole object at once or nothing.
 import hashlib
 import re
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -93,3 +94,13 @@ def put(storage: Storage, key: str, chunks: Iterable[bytes]) -> StoredObject:
         writer.abort()
         raise
     return writer.commit()
+
+
+@contextmanager
+def deleted_on_error(storage: Storage, key: str) -> Iterator[None]:
+    """Deletes the object at `key` if the block raises: bytes nobody recorded are not kept."""
+    try:
+        yield
+    except BaseException:
+        storage.delete(key)
+        raise

@@ -1,10 +1,10 @@
-"""`/v1/files`: OpenAI's Files API."""
+"""`/v1/files`: OpenAI's Files API. Each `uow.run` is one committed transaction."""
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from app.api.deps import PrincipalDep, SessionDep, SettingsDep, StorageDep
+from app.api.deps import PrincipalDep, SettingsDep, StorageDep, UnitOfWorkDep
 from app.api.multipart import (
     FORM_OVERHEAD_BYTES,
     missing_part,
@@ -15,6 +15,7 @@ from app.api.multipart import (
 from app.schemas.common import ListObject, Order
 from app.schemas.files import UPLOAD_PURPOSES, FileDeleted, FileObject
 from app.services import files
+from app.storage.base import deleted_on_error
 
 router = APIRouter(tags=["files"])
 
@@ -33,7 +34,7 @@ _UPLOAD_FORM = multipart_openapi(
 async def create_file(
     request: Request,
     principal: PrincipalDep,
-    session: SessionDep,
+    uow: UnitOfWorkDep,
     settings: SettingsDep,
     storage: StorageDep,
 ) -> FileObject:
@@ -52,30 +53,33 @@ async def create_file(
     except BaseException:
         intake.abort()
         raise
-    return await run_in_threadpool(
-        files.create_file, session, settings, principal.project_id, intake, fields
-    )
+    received = await run_in_threadpool(files.receive, settings, intake, fields)
+    with deleted_on_error(storage, received.stored.key):
+        return await uow.run(files.register_received, settings, principal.project_id, received)
 
 
 @router.get("/files")
-def list_files(
+async def list_files(
     principal: PrincipalDep,
-    session: SessionDep,
+    uow: UnitOfWorkDep,
     purpose: str | None = None,
     limit: int = files.MAX_LIST_LIMIT,
     order: Order = "desc",
     after: str | None = None,
 ) -> ListObject[FileObject]:
-    with session.begin():
-        return files.list_files(
-            session, principal.project_id, purpose=purpose, limit=limit, order=order, after=after
-        )
+    return await uow.run(
+        files.list_files,
+        principal.project_id,
+        purpose=purpose,
+        limit=limit,
+        order=order,
+        after=after,
+    )
 
 
 @router.get("/files/{file_id}")
-def retrieve_file(file_id: str, principal: PrincipalDep, session: SessionDep) -> FileObject:
-    with session.begin():
-        return files.to_file_object(files.get_file(session, principal.project_id, file_id))
+async def retrieve_file(file_id: str, principal: PrincipalDep, uow: UnitOfWorkDep) -> FileObject:
+    return await uow.run(files.retrieve_file, principal.project_id, file_id)
 
 
 @router.get(
@@ -83,15 +87,14 @@ def retrieve_file(file_id: str, principal: PrincipalDep, session: SessionDep) ->
     response_class=StreamingResponse,
     responses={200: {"content": {"application/octet-stream": {}}}},
 )
-def download_file(
+async def download_file(
     file_id: str,
     principal: PrincipalDep,
-    session: SessionDep,
+    uow: UnitOfWorkDep,
     storage: StorageDep,
 ) -> StreamingResponse:
     """The raw bytes, streamed; no transaction stays open while they are sent."""
-    with session.begin():
-        row, chunks = files.open_file_content(session, storage, principal.project_id, file_id)
+    row, chunks = await uow.run(files.open_file_content, storage, principal.project_id, file_id)
     return StreamingResponse(
         chunks,
         media_type="application/octet-stream",
@@ -100,7 +103,9 @@ def download_file(
 
 
 @router.delete("/files/{file_id}")
-def delete_file(
-    file_id: str, principal: PrincipalDep, session: SessionDep, storage: StorageDep
+async def delete_file(
+    file_id: str, principal: PrincipalDep, uow: UnitOfWorkDep, storage: StorageDep
 ) -> FileDeleted:
-    return files.delete_file(session, storage, principal.project_id, file_id)
+    deleted = await uow.run(files.delete_file, principal.project_id, file_id)
+    await uow.run(files.reclaim_deleted, storage, file_id)
+    return deleted

@@ -1,19 +1,22 @@
-"""`/v1/uploads`: OpenAI's Uploads API (a large file in parts)."""
+"""`/v1/uploads`: OpenAI's Uploads API (a large file in parts).
+
+Each `uow.run` is one committed transaction; bytes move between them, with none open.
+"""
 
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
 from app.api.body import json_body_openapi, read_json
-from app.api.deps import PrincipalDep, SessionDep, SettingsDep, StorageDep
+from app.api.deps import PrincipalDep, SettingsDep, StorageDep, UnitOfWorkDep
 from app.api.multipart import (
     FORM_OVERHEAD_BYTES,
     missing_part,
     multipart_openapi,
     read_multipart,
 )
-from app.api.transaction import in_transaction
 from app.schemas.uploads import UploadComplete, UploadCreate, UploadObject, UploadPartObject
 from app.services import uploads
+from app.storage.base import deleted_on_error
 
 router = APIRouter(tags=["uploads"])
 
@@ -22,12 +25,10 @@ _PART_FORM = multipart_openapi({"data": {"type": "string", "format": "binary"}},
 
 @router.post("/uploads", openapi_extra=json_body_openapi(UploadCreate))
 async def create_upload(
-    request: Request, principal: PrincipalDep, session: SessionDep, settings: SettingsDep
+    request: Request, principal: PrincipalDep, uow: UnitOfWorkDep, settings: SettingsDep
 ) -> UploadObject:
     body = await read_json(request, UploadCreate)
-    return await in_transaction(
-        session, uploads.create_upload, settings, principal.project_id, body
-    )
+    return await uow.run(uploads.create_upload, settings, principal.project_id, body)
 
 
 @router.post("/uploads/{upload_id}/parts", openapi_extra=_PART_FORM)
@@ -35,14 +36,12 @@ async def add_upload_part(
     upload_id: str,
     request: Request,
     principal: PrincipalDep,
-    session: SessionDep,
+    uow: UnitOfWorkDep,
     settings: SettingsDep,
     storage: StorageDep,
 ) -> UploadPartObject:
     """Add a part (multipart `data`, a file part or a text field), streamed to storage."""
-    intake = await in_transaction(
-        session, uploads.start_part, settings, storage, principal.project_id, upload_id
-    )
+    intake = await uow.run(uploads.start_part, settings, storage, principal.project_id, upload_id)
     try:
         form = await read_multipart(
             request,
@@ -55,7 +54,9 @@ async def add_upload_part(
     except BaseException:
         intake.sink.abort()
         raise
-    return await run_in_threadpool(uploads.add_part, session, storage, principal.project_id, intake)
+    stored = await run_in_threadpool(uploads.store_part, intake)
+    with deleted_on_error(storage, stored.key):
+        return await uow.run(uploads.record_part, principal.project_id, intake, stored)
 
 
 @router.post("/uploads/{upload_id}/complete", openapi_extra=json_body_openapi(UploadComplete))
@@ -63,18 +64,24 @@ async def complete_upload(
     upload_id: str,
     request: Request,
     principal: PrincipalDep,
-    session: SessionDep,
+    uow: UnitOfWorkDep,
     settings: SettingsDep,
     storage: StorageDep,
 ) -> UploadObject:
     body = await read_json(request, UploadComplete)
-    return await run_in_threadpool(
-        uploads.complete_upload, session, settings, storage, principal.project_id, upload_id, body
-    )
+    project_id = principal.project_id
+    keys = await uow.run(uploads.parts_to_join, project_id, upload_id, body)
+    joined = await run_in_threadpool(uploads.join_parts, storage, keys, body.md5)
+    with deleted_on_error(storage, joined[1].key):
+        upload = await uow.run(uploads.record_completion, settings, project_id, upload_id, joined)
+    await run_in_threadpool(uploads.delete_parts, storage, upload_id)
+    return upload
 
 
 @router.post("/uploads/{upload_id}/cancel")
-def cancel_upload(
-    upload_id: str, principal: PrincipalDep, session: SessionDep, storage: StorageDep
+async def cancel_upload(
+    upload_id: str, principal: PrincipalDep, uow: UnitOfWorkDep, storage: StorageDep
 ) -> UploadObject:
-    return uploads.cancel_upload(session, storage, principal.project_id, upload_id)
+    upload = await uow.run(uploads.cancel_upload, principal.project_id, upload_id)
+    await run_in_threadpool(uploads.delete_parts, storage, upload_id)
+    return upload
