@@ -8,6 +8,7 @@ from pydantic import BaseModel, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.endpoints import EMBEDDINGS, GENERATIVE
+from app.storage.base import parse_s3_url
 
 MB = 1_000_000
 # GiB of KV cache each CPU vLLM engine reserves (VLLM_CPU_KVCACHE_SPACE). vLLM's own default
@@ -94,8 +95,6 @@ class Settings(BaseSettings):
         if self.shard_lines < 1:
             raise ValueError("shard_lines must be at least 1")
         if self.storage_url is not None:
-            from app.storage.s3 import parse_s3_url  # boto3 loads only where S3 is used
-
             parse_s3_url(self.storage_url)
         return self
 

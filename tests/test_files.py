@@ -15,7 +15,7 @@ from app.config import Settings
 from app.db.models import Batch, File
 from app.db.session import session_scope
 from app.services.auth import DEFAULT_PROJECT, ensure_project
-from app.services.files import expire_files
+from app.services.file_expiry import expire_files
 from app.storage import storage_for
 from tests.forms import Part, content_type, multipart
 from tests.harness import running_server

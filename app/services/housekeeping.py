@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 from app.config import Settings
 from app.db.session import session_scope
-from app.services.files import expire_files
+from app.services.file_expiry import expire_files
 from app.services.uploads import expire_uploads
 from app.services.validation import validate_pending
 from app.storage import storage_of

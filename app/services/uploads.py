@@ -28,16 +28,15 @@ from app.schemas.uploads import (
     UploadPartObject,
     UploadStatus,
 )
-from app.services.files import (
+from app.services.file_intake import (
     LimitedWriter,
     check_batch_filename,
     check_filename,
     check_purpose,
-    file_storage_key,
     register_client_file,
-    to_file_object,
     too_large,
 )
+from app.services.files import file_storage_key, to_file_object
 from app.storage import Storage, StoredObject
 
 SWEEP_LIMIT = 1000

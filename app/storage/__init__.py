@@ -1,14 +1,25 @@
-"""Byte storage behind one small interface: a local directory or an S3 bucket."""
+"""Byte storage behind one small interface: a local directory or an S3 bucket.
+
+It knows nothing of the rest of the project; `app.config` checks an S3 URL with its parser.
+"""
 
 from functools import lru_cache
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from app.storage.base import Storage, StoredObject, Writer
 from app.storage.local import LocalStorage
 from app.storage.s3 import S3Storage
 
-if TYPE_CHECKING:
-    from app.config import Settings
+
+class StoreSettings(Protocol):
+    """What `storage_of` reads of the settings."""
+
+    @property
+    def storage_location(self) -> str: ...
+
+    @property
+    def s3_endpoint_url(self) -> str | None: ...
+
 
 __all__ = [
     "LocalStorage",
@@ -32,6 +43,6 @@ def storage_for(location: str, endpoint_url: str | None = None) -> Storage:
     return LocalStorage(location)
 
 
-def storage_of(settings: "Settings") -> Storage:
+def storage_of(settings: StoreSettings) -> Storage:
     """The deployment's store, as its settings name it."""
     return storage_for(settings.storage_location, settings.s3_endpoint_url)

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol
+from urllib.parse import urlsplit
 
 READ_CHUNK = 1 << 20
 
@@ -26,6 +27,15 @@ def check_key(key: str) -> str:
 class StorageFull(Exception):
     """The store refused a write for want of space (a full disk, an S3 quota): the object
     being written was discarded, nothing half-written is visible."""
+
+
+def parse_s3_url(url: str) -> tuple[str, str]:
+    """`s3://bucket/some/prefix` → (`bucket`, `some/prefix/`); `ValueError` if malformed."""
+    parts = urlsplit(url)
+    if parts.scheme != "s3" or not parts.netloc or parts.query or parts.fragment:
+        raise ValueError(f"storage URL must look like s3://bucket/optional/prefix, not {url!r}")
+    prefix = parts.path.strip("/")
+    return parts.netloc, (check_key(prefix) + "/" if prefix else "")
 
 
 @dataclass(frozen=True)

@@ -8,13 +8,19 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from app.storage.base import READ_CHUNK, HashingCounter, StorageFull, StoredObject, check_key
+from app.storage.base import (
+    READ_CHUNK,
+    HashingCounter,
+    StorageFull,
+    StoredObject,
+    check_key,
+    parse_s3_url,
+)
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -33,15 +39,6 @@ _CLIENT_CONFIG = Config(
     # requests from a pool of 40 threads.
     max_pool_connections=64,
 )
-
-
-def parse_s3_url(url: str) -> tuple[str, str]:
-    """`s3://bucket/some/prefix` → (`bucket`, `some/prefix/`); `ValueError` if malformed."""
-    parts = urlsplit(url)
-    if parts.scheme != "s3" or not parts.netloc or parts.query or parts.fragment:
-        raise ValueError(f"storage URL must look like s3://bucket/optional/prefix, not {url!r}")
-    prefix = parts.path.strip("/")
-    return parts.netloc, (check_key(prefix) + "/" if prefix else "")
 
 
 def _error_code(exc: ClientError) -> str:

@@ -14,7 +14,7 @@ from app.api.multipart import (
 )
 from app.schemas.common import ListObject, Order
 from app.schemas.files import UPLOAD_PURPOSES, FileDeleted, FileObject
-from app.services import files
+from app.services import file_expiry, file_intake, files
 from app.storage.base import deleted_on_error
 
 router = APIRouter(tags=["files"])
@@ -39,7 +39,7 @@ async def create_file(
     storage: StorageDep,
 ) -> FileObject:
     """Upload a file (multipart: `file`, `purpose`, optional `expires_after[…]`), streamed."""
-    intake = files.FileIntake(settings, storage)
+    intake = file_intake.FileIntake(settings, storage)
     try:
         form = await read_multipart(
             request,
@@ -53,9 +53,11 @@ async def create_file(
     except BaseException:
         intake.abort()
         raise
-    received = await run_in_threadpool(files.receive, settings, intake, fields)
+    received = await run_in_threadpool(file_intake.receive, settings, intake, fields)
     with deleted_on_error(storage, received.stored.key):
-        return await uow.run(files.register_received, settings, principal.project_id, received)
+        return await uow.run(
+            file_intake.register_received, settings, principal.project_id, received
+        )
 
 
 @router.get("/files")
@@ -106,6 +108,6 @@ async def download_file(
 async def delete_file(
     file_id: str, principal: PrincipalDep, uow: UnitOfWorkDep, storage: StorageDep
 ) -> FileDeleted:
-    deleted = await uow.run(files.delete_file, principal.project_id, file_id)
-    await uow.run(files.reclaim_deleted, storage, file_id)
+    deleted = await uow.run(file_expiry.delete_file, principal.project_id, file_id)
+    await uow.run(file_expiry.reclaim_deleted, storage, file_id)
     return deleted
