@@ -2,7 +2,7 @@
 
 A drop-in for vLLM's `run_batch` (`-i/--input-file`, `-o/--output-file`, any engine
 argument), run as a private deployment in a work directory: a SQLite database and a
-store. The input is validated, sharded, run and finalised exactly as the service does,
+store. The input is validated, sharded, run and finalized exactly as the service does,
 so the output lines are the service's. Everything is checkpointed there: rerun the same
 command after a crash and it resumes where the results stop.
 """
@@ -276,7 +276,7 @@ async def _run_worker(settings: Settings, batch_id: str, engine_argv: list[str])
 
 
 def run(settings: Settings, state: State, engine_argv: list[str]) -> BatchObject:
-    """Validates, runs and finalises the batch (whatever of it is left)."""
+    """Validates, runs and finalizes the batch (whatever of it is left)."""
     take_over(settings, state.batch_id)
     validate_pending(settings, OWNER)
     if batch_row(settings, state.batch_id).status == BatchStatus.IN_PROGRESS:
@@ -286,7 +286,7 @@ def run(settings: Settings, state: State, engine_argv: list[str]) -> BatchObject
             if (reason := unavailable(exc, settings.models[0].source)) is None:
                 raise
             raise OfflineError(str(reason)) from None
-    # The worker finalises when it finishes a shard; this covers a batch already done.
+    # The worker finalizes when it finishes a shard; this covers a batch already done.
     finalize_ready_batches(settings, OWNER)
     return batch_row(settings, state.batch_id)
 

@@ -1,7 +1,7 @@
 """Test helpers for batches: input files, and a stand-in worker that follows the batch contract.
 
 The stand-in claims shards, writes result chunks and records them exactly as the
-contract tells the real worker to, so the API and the finaliser can be tested
+contract tells the real worker to, so the API and the finalizer can be tested
 without starting an engine.
 """
 

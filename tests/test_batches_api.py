@@ -1,7 +1,7 @@
 """The Batches API end to end: official SDK (strict) and raw HTTP, on SQLite and PostgreSQL.
 
 A stand-in worker (`tests.batch_sim`) plays the worker's side of the batch contract;
-validation and finalisation run in the real server's housekeeping loop.
+validation and finalization run in the real server's housekeeping loop.
 """
 
 import time
@@ -420,13 +420,13 @@ def _release_shards(settings: Settings, batch_id: str) -> None:
 def test_cancel_while_finalizing(client: openai.OpenAI, server: RunningServer) -> None:
     batch_id = _create(client)
     wait_for(client, batch_id, "in_progress")
-    # A finaliser holds the batch (as if writing its files) when the cancel arrives.
-    _set(server.settings, batch_id, lease_owner="finaliser", heartbeat_at=time.time())
+    # A finalizer holds the batch (as if writing its files) when the cancel arrives.
+    _set(server.settings, batch_id, lease_owner="finalizer", heartbeat_at=time.time())
     sim.run_batch(server.settings, batch_id)
     _set(server.settings, batch_id, status="finalizing", finalizing_at=int(time.time()))
     cancelling = client.batches.cancel(batch_id)
     assert cancelling.status == "cancelling" and cancelling.finalizing_at is not None
-    # That finaliser dies; after the lease lapses housekeeping takes over.
+    # That finalizer dies; after the lease lapses housekeeping takes over.
     cancelled = wait_for(client, batch_id, "cancelled", timeout=30)
     output, errors = check_files_match_counts(client, cancelled)
     assert all(line["error"] is None for line in errors)  # every request had run

@@ -1,4 +1,4 @@
-"""The finaliser on its own: merging chunks, fencing, takeover, expiry, usage, clean-up."""
+"""The finalizer on its own: merging chunks, fencing, takeover, expiry, usage, clean-up."""
 
 import time
 from collections.abc import Iterator
@@ -115,7 +115,7 @@ def _expire_shard_lease(settings: Settings, batch_id: str) -> None:
         )
 
 
-def test_a_chunk_recorded_during_finalisation_forces_a_retry(db: Settings) -> None:
+def test_a_chunk_recorded_during_finalization_forces_a_retry(db: Settings) -> None:
     batch_id = new_batch(db, 6)
     claim = sim.claim_shard(db, "w", batch_id)
     assert claim is not None
@@ -126,7 +126,7 @@ def test_a_chunk_recorded_during_finalisation_forces_a_retry(db: Settings) -> No
     [(candidate, epoch)] = finalizer._candidates(db)
     job = finalizer._claim(db, candidate, epoch, "f")
     assert job is not None and job.path == "expire"
-    # ...and a worker that was thought dead records one more chunk before the finaliser commits.
+    # ...and a worker that was thought dead records one more chunk before the finalizer commits.
     assert sim.write_chunk(db, claim, 50, [(3, sim.output_line("req-2", 200, {}))], done=False)
     storage = storage_for(str(db.storage_dir))
     assert finalizer.finalize(db, storage, job) is False
@@ -141,7 +141,7 @@ def test_a_chunk_recorded_during_finalisation_forces_a_retry(db: Settings) -> No
     assert not sim.write_chunk(db, claim, 51, [(4, sim.output_line("req-3", 200, {}))], done=True)
 
 
-def test_a_finaliser_that_died_is_replaced(db: Settings) -> None:
+def test_a_finalizer_that_died_is_replaced(db: Settings) -> None:
     batch_id = new_batch(db, 7)
     sim.run_batch(db, batch_id)
     with session_scope(db) as session:
@@ -151,7 +151,7 @@ def test_a_finaliser_that_died_is_replaced(db: Settings) -> None:
             .values(
                 status="finalizing",
                 finalizing_at=int(time.time()),
-                lease_owner="dead-finaliser",
+                lease_owner="dead-finalizer",
                 lease_epoch=5,
                 heartbeat_at=time.time(),
             )
@@ -227,7 +227,7 @@ def test_a_batch_still_validating_at_expiry_expires_without_files(db: Settings) 
     assert (batch.status, batch.output_file_id, batch.error_file_id) == ("expired", None, None)
 
 
-def test_chunks_left_by_a_finaliser_that_died_are_swept(db: Settings) -> None:
+def test_chunks_left_by_a_finalizer_that_died_are_swept(db: Settings) -> None:
     batch_id = new_batch(db, 6)
     sim.run_batch(db, batch_id)
     storage = storage_for(str(db.storage_dir))
@@ -235,7 +235,7 @@ def test_chunks_left_by_a_finaliser_that_died_are_swept(db: Settings) -> None:
         keys = session.scalars(select(ResultChunk.storage_key)).all()
     assert chunk_count(db, batch_id) > 0
     assert finalizer.delete_leftover_chunks(db, storage) == 0  # the batch is still running
-    with session_scope(db) as session:  # as if it ended and its finaliser died before clean-up
+    with session_scope(db) as session:  # as if it ended and its finalizer died before clean-up
         session.execute(update(Batch).where(Batch.id == batch_id).values(status="completed"))
     assert finalizer.delete_leftover_chunks(db, storage) == len(keys)
     assert chunk_count(db, batch_id) == 0 and not any(storage.exists(k) for k in keys)

@@ -1,4 +1,4 @@
-"""End to end on the real vLLM CPU engine: SDK upload → batch → API validator → worker → finaliser.
+"""End to end on the real vLLM CPU engine: SDK upload → batch → API validator → worker → finalizer.
 
 One SQLite deployment (API server + a SmolLM2 worker + a MiniLM worker) serves most tests;
 PostgreSQL gets a deployment with two workers sharing one batch. Engine starts are the cost

@@ -1,4 +1,4 @@
-"""The worker's batch path with a scripted engine: real API, SDK, database and finaliser.
+"""The worker's batch path with a scripted engine: real API, SDK, database and finalizer.
 
 Fast checks of what the real-engine tests cannot make happen on demand: dedup counts, lease
 takeover with fencing, SIGTERM release, two workers on one batch.

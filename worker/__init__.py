@@ -2,5 +2,5 @@
 
 claim (leases) → reader (shard input) → scheduler (in-flight window) → engine (vLLM) →
 writer (result chunks) → shard (checkpoints, cancel/expiry) → loop (the process) →
-the finaliser. `process` makes engine processes die with the worker.
+the finalizer. `process` makes engine processes die with the worker.
 """

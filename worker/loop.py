@@ -2,7 +2,7 @@
 
 The next shard is claimed as soon as every running shard has fed all its lines, so the engine
 never drains at a shard boundary. Two side tasks are supervised: the worker's own heartbeat
-(the `workers` row) and the finaliser trigger; if the heartbeat dies the worker stops taking
+(the `workers` row) and the finalizer trigger; if the heartbeat dies the worker stops taking
 work. SIGTERM stops claiming, lets in-flight requests finish for a short while, checkpoints
 and releases every lease.
 """

@@ -38,7 +38,7 @@ from app.errors import not_found
 from app.schemas.admin import CreateApiKeyRequest
 from app.services import batches, keys, monitoring
 from app.services.files import open_file_content
-from app.services.housekeeping import FINALISATION, wake
+from app.services.housekeeping import FINALIZATION, wake
 from app.services.throughput import throughput_series
 from app.storage import Storage
 from app.version import overnight_version
@@ -296,7 +296,7 @@ async def cancel(
     batch_id: str, _login: ApiLogin, uow: UnitOfWorkDep, settings: SettingsDep
 ) -> dict[str, str]:
     batch = await uow.run(batches.cancel_any_batch, batch_id)
-    wake(settings, FINALISATION)  # with no worker holding a shard, it ends `cancelled` at once
+    wake(settings, FINALIZATION)  # with no worker holding a shard, it ends `cancelled` at once
     return {"id": batch.id, "status": batch.status}
 
 

@@ -158,7 +158,7 @@ class Batch(ProgressColumns, Base):
     __table_args__ = (
         CheckConstraint(_in("status", BatchStatus), name="status"),
         Index("ix_batches_project_listing", "project_id", "seq"),
-        # The validator's and finaliser's claim path.
+        # The validator's and finalizer's claim path.
         Index(
             "ix_batches_claimable",
             "status",
@@ -199,7 +199,7 @@ class Batch(ProgressColumns, Base):
     # `[unix time, requests/s]` points kept at the end: the result chunks they come from go.
     throughput: Mapped[list[Any] | None] = mapped_column(JSON)
 
-    # Lease for the batch-level steps (validation, finalisation).
+    # Lease for the batch-level steps (validation, finalization).
     lease_owner: Mapped[str | None] = mapped_column(String(128))
     lease_epoch: Mapped[int] = mapped_column(Integer, default=0)
     heartbeat_at: Mapped[float | None] = mapped_column(Float)

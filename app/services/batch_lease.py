@@ -1,4 +1,4 @@
-"""The batch-level lease that validation and finalisation run under.
+"""The batch-level lease that validation and finalization run under.
 
 Whoever moves a batch through a long step (reading its input, writing its
 output) holds `batches.lease_owner` with a fresh `lease_epoch` and renews

@@ -139,7 +139,7 @@ def list_batches(
 
 
 def cancel_batch(session: Session, project_id: str, batch_id: str) -> BatchObject:
-    """`cancelling` now; the finaliser (housekeeping or a worker) ends it `cancelled`."""
+    """`cancelling` now; the finalizer (housekeeping or a worker) ends it `cancelled`."""
     session.execute(
         update(Batch)
         .where(

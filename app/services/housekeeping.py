@@ -1,9 +1,9 @@
-"""The API process's background work: validate new batches, finalise ready ones, expire files.
+"""The API process's background work: validate new batches, finalize ready ones, expire files.
 
-Two loops run side by side so that a long finalisation never delays the
+Two loops run side by side so that a long finalization never delays the
 validation of a newly created batch. Each wakes every
 `housekeeping_interval_seconds`, or at once when `wake()` is called (the create
-route wakes validation, the cancel route finalisation). Every step is a
+route wakes validation, the cancel route finalization). Every step is a
 lease-guarded, restartable unit, so any number of API replicas may run these
 loops against one database.
 """
@@ -31,14 +31,14 @@ log = logging.getLogger("overnight.housekeeping")
 # Storage temp files (or open multipart uploads) older than this belong to a writer that died.
 STALE_TEMP_SECONDS = 24 * 3600
 
-VALIDATION, FINALISATION = "validation", "finalisation"
+VALIDATION, FINALIZATION = "validation", "finalization"
 
 _wakers: dict[tuple[str, str], list[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
 _wakers_lock = threading.Lock()
 
 
 def wake(settings: Settings, loop_name: str) -> None:
-    """Wakes the `validation` or `finalisation` loops of this process serving this database."""
+    """Wakes the `validation` or `finalization` loops of this process serving this database."""
     with _wakers_lock:
         targets = list(_wakers.get((settings.sqlalchemy_url, loop_name), ()))
     for loop, event in targets:
@@ -65,11 +65,11 @@ def owner_name(role: str) -> str:
 
 def _validate(settings: Settings, owner: str) -> None:
     if validate_pending(settings, owner):
-        wake(settings, FINALISATION)  # a batch cancelled while validating can now end
+        wake(settings, FINALIZATION)  # a batch cancelled while validating can now end
 
 
 def tidy(settings: Settings, owner: str) -> None:
-    """One pass of everything but validation: finalise, expire uploads and files, sweep temp."""
+    """One pass of everything but validation: finalize, expire uploads and files, sweep temp."""
     storage = storage_of(settings)
     finalize_ready_batches(settings, owner, storage)
     delete_leftover_chunks(settings, storage)
@@ -87,7 +87,7 @@ async def housekeeping_loop(settings: Settings, stop: asyncio.Event) -> None:
     validate_wake, tidy_wake = asyncio.Event(), asyncio.Event()
     unregister = [
         _register(settings, VALIDATION, validate_wake),
-        _register(settings, FINALISATION, tidy_wake),
+        _register(settings, FINALIZATION, tidy_wake),
     ]
     try:
         await asyncio.gather(

@@ -1,4 +1,4 @@
-"""Streaming JSONL reader shared by the validator, the worker and the finaliser.
+"""Streaming JSONL reader shared by the validator, the worker and the finalizer.
 
 Each of them must agree on what a "line" is, so there is exactly one reader:
 lines are split on `\\n`, numbered physically (1-based, blank lines count), and

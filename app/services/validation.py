@@ -357,7 +357,7 @@ def record(settings: Settings, lease: BatchLease, outcome: Outcome) -> BatchStat
         if batch is not None:
             _apply(session, batch, outcome)
             status = batch.status
-        # Released even when fenced off: a cancel arriving mid-read is finished by the finaliser.
+        # Released even when fenced off: a cancel arriving mid-read is finished by the finalizer.
     if status is None:
         batch_lease.release(settings, lease)
     return status

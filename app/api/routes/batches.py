@@ -12,7 +12,7 @@ from app.api.deps import PrincipalDep, SettingsDep, UnitOfWorkDep
 from app.schemas.batches import BatchObject, CreateBatchRequest
 from app.schemas.common import ListObject
 from app.services import batches
-from app.services.housekeeping import FINALISATION, VALIDATION, wake
+from app.services.housekeeping import FINALIZATION, VALIDATION, wake
 
 router = APIRouter(tags=["batches"])
 
@@ -50,5 +50,5 @@ async def cancel_batch(
 ) -> BatchObject:
     batch = await uow.run(batches.cancel_batch, principal.project_id, batch_id)
     # With no worker holding a shard, the batch ends `cancelled` at once.
-    wake(settings, FINALISATION)
+    wake(settings, FINALIZATION)
     return batch
