@@ -57,13 +57,15 @@ def claim_shard(
         .returning(Shard.id)
         .execution_options(synchronize_session=False)
     ).scalar_one_or_none()
-    if claimed is None:
-        return None
+    return None if claimed is None else _lease(session, claimed, owner)
+
+
+def _lease(session: Session, shard_id: int, owner: str) -> ShardLease:
     row = session.execute(
         select(Shard, Batch.endpoint, File.storage_key)
         .join(Batch, Batch.id == Shard.batch_id)
         .join(File, File.id == Batch.input_file_id)
-        .where(Shard.id == claimed)
+        .where(Shard.id == shard_id)
     ).one()
     shard: Shard = row[0]
     return ShardLease(
