@@ -17,7 +17,7 @@ from app.services.auth import DEFAULT_PROJECT, ensure_project
 from app.services.validation import validate_pending
 from app.storage import storage_for
 from tests import batch_sim as sim
-from worker import finalizer
+from worker import chunk_cleanup, finalizer
 from worker.finalizer import finalize_ready_batches
 
 
@@ -234,8 +234,8 @@ def test_chunks_left_by_a_finalizer_that_died_are_swept(db: Settings) -> None:
     with session_scope(db) as session:
         keys = session.scalars(select(ResultChunk.storage_key)).all()
     assert chunk_count(db, batch_id) > 0
-    assert finalizer.delete_leftover_chunks(db, storage) == 0  # the batch is still running
+    assert chunk_cleanup.delete_leftover_chunks(db, storage) == 0  # the batch is still running
     with session_scope(db) as session:  # as if it ended and its finalizer died before clean-up
         session.execute(update(Batch).where(Batch.id == batch_id).values(status="completed"))
-    assert finalizer.delete_leftover_chunks(db, storage) == len(keys)
+    assert chunk_cleanup.delete_leftover_chunks(db, storage) == len(keys)
     assert chunk_count(db, batch_id) == 0 and not any(storage.exists(k) for k in keys)

@@ -22,14 +22,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from sqlalchemy import ColumnElement, and_, delete, exists, func, or_, select, update
+from sqlalchemy import and_, exists, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from app.config import Settings
 from app.core.chunks import decode_chunk
 from app.core.leases import BatchLease
 from app.core.progress import Progress, Usage, usage_of
-from app.core.states import TERMINAL_BATCH_STATUSES, BatchStatus, Ending, ShardStatus
+from app.core.states import BatchStatus, Ending, ShardStatus
 from app.db.models import Batch, File, ResultChunk, Shard
 from app.db.session import session_scope
 from app.ids import new_batch_request_id, new_file_id
@@ -40,13 +40,13 @@ from app.services.files import create_file_from_storage, file_storage_key
 from app.services.jsonl import iter_lines
 from app.services.throughput import throughput_series
 from app.storage import Storage, StoredObject, Writer, storage_of
+from worker.chunk_cleanup import delete_chunks
 
 log = logging.getLogger("overnight.finalizer")
 
 DEFAULT_OUTPUT_EXPIRES_AFTER = 30 * 24 * 3600
 _CANDIDATES_PER_PASS = 50
 _HEARTBEAT_CHECK_LINES = 256
-_CHUNKS_PER_DELETE = 5000
 
 # Why a request has no result, by how the batch ends.
 _UNRUN = {
@@ -336,33 +336,3 @@ def _finish(
     for name, value in tally.values().items():
         setattr(batch, name, value)
     batch.lease_owner, batch.heartbeat_at = None, None
-
-
-def delete_chunks(settings: Settings, storage: Storage, batch_id: str) -> int:
-    """Removes a finished batch's result chunks: objects first, then their rows."""
-    total = 0
-    while deleted := _delete_chunks(settings, storage, Shard.batch_id == batch_id):
-        total += deleted
-    return total
-
-
-def delete_leftover_chunks(settings: Settings, storage: Storage) -> int:
-    """Removes chunks of terminal batches that a finalizer died before deleting."""
-    terminal = exists().where(Batch.id == Shard.batch_id, Batch.status.in_(TERMINAL_BATCH_STATUSES))
-    return _delete_chunks(settings, storage, terminal)
-
-
-def _delete_chunks(settings: Settings, storage: Storage, which: ColumnElement[bool]) -> int:
-    with session_scope(settings) as session:
-        rows = session.execute(
-            select(ResultChunk.id, ResultChunk.storage_key)
-            .join(Shard, Shard.id == ResultChunk.shard_id)
-            .where(which)
-            .limit(_CHUNKS_PER_DELETE)
-        ).all()
-    for _id, key in rows:
-        storage.delete(key)
-    if rows:
-        with session_scope(settings) as session:
-            session.execute(delete(ResultChunk).where(ResultChunk.id.in_([r[0] for r in rows])))
-    return len(rows)

@@ -3,8 +3,6 @@
 Every read and write goes through a service in a `uow.run` (one committed transaction).
 """
 
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import quote
@@ -19,13 +17,12 @@ from fastapi.responses import (
 )
 from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, FileSystemLoader
-from sqlalchemy.orm import Session
 
 from app.api.body import read_json
 from app.api.deps import AccessDep, SettingsDep, StorageDep, UnitOfWorkDep
 from app.api.unit_of_work import UnitOfWork
 from app.core.states import BatchStatus
-from app.dashboard import views
+from app.dashboard import content, views
 from app.dashboard.auth import (
     COOKIE,
     COOKIE_PATH,
@@ -34,13 +31,9 @@ from app.dashboard.auth import (
     is_admin_key,
     safe_next,
 )
-from app.errors import not_found
 from app.schemas.admin import CreateApiKeyRequest
-from app.services import batches, keys, monitoring
-from app.services.files import open_file_content
+from app.services import batches, keys
 from app.services.housekeeping import FINALIZATION, wake
-from app.services.throughput import throughput_series
-from app.storage import Storage
 from app.version import overnight_version
 
 HERE = Path(__file__).parent
@@ -119,77 +112,6 @@ def logout() -> Response:
     return response
 
 
-# --- what the pages and feeds show (each runs in one transaction) -----------------------
-
-
-def _batch_rows(
-    session: Session, lease: float, status: str | None, project: str | None
-) -> list[views.Row]:
-    now = time.time()
-    found = monitoring.list_batches(
-        session, lease, status=status or None, project_id=project or None
-    )
-    return [views.batch_row(v, now) for v in found]
-
-
-def _project_options(session: Session) -> list[tuple[str, str]]:
-    return [(p.id, p.name) for p in monitoring.list_projects(session)]
-
-
-def _file_rows(session: Session, project: str, purpose: str) -> list[views.Row]:
-    found = monitoring.list_files(session, project_id=project or None, purpose=purpose or None)
-    return [views.file_row(f, name) for f, name in found]
-
-
-def _worker_rows(session: Session, lease: float) -> list[views.Row]:
-    return [views.worker_row(w) for w in monitoring.list_workers(session, lease)]
-
-
-def _key_rows(session: Session) -> list[views.Row]:
-    return [views.key_row(key) for key in keys.key_objects(session)]
-
-
-def _batch_detail(session: Session, batch_id: str, lease: float) -> views.Row:
-    view = monitoring.get_batch(session, batch_id, lease)
-    if view is None:
-        raise not_found("Batch", batch_id)
-    b = view.batch
-    files = monitoring.files_by_id(session, [b.input_file_id, b.output_file_id, b.error_file_id])
-    detail = views.batch_detail(view, files, time.time())
-    series = b.throughput or throughput_series(session, batch_id)
-    detail["series"] = series = [(t, rate) for t, rate in series]
-    detail["chart_caption"] = views.chart_caption(series, view.batch.status)
-    return detail
-
-
-def _batches_page(session: Session, lease: float, status: str, project: str) -> dict[str, Any]:
-    return {
-        "rows": _batch_rows(session, lease, status, project),
-        "project_options": _project_options(session),
-    }
-
-
-def _files_page(session: Session, project: str, purpose: str) -> dict[str, Any]:
-    return {
-        "rows": _file_rows(session, project, purpose),
-        "project_options": _project_options(session),
-    }
-
-
-def _keys_page(session: Session) -> dict[str, Any]:
-    return {"rows": _key_rows(session), "projects": monitoring.list_projects(session)}
-
-
-def _open_any_file(
-    session: Session, storage: Storage, file_id: str
-) -> tuple[str, int, Iterator[bytes]]:
-    owner = monitoring.file_owner(session, file_id)
-    if owner is None:
-        raise not_found("File", file_id)
-    row, chunks = open_file_content(session, storage, owner, file_id)
-    return row.filename, row.bytes, chunks
-
-
 # --- pages ------------------------------------------------------------------------------
 
 
@@ -202,7 +124,7 @@ async def batches_page(
     status: str = "",
     project: str = "",
 ) -> Response:
-    found = await uow.run(_batches_page, settings.lease_seconds, status, project)
+    found = await uow.run(content.batches_page, settings.lease_seconds, status, project)
     return await _page(
         request,
         uow,
@@ -218,7 +140,7 @@ async def batches_page(
 async def batch_page(
     request: Request, batch_id: str, _login: PageLogin, uow: UnitOfWorkDep, settings: SettingsDep
 ) -> Response:
-    batch = await uow.run(_batch_detail, batch_id, settings.lease_seconds)
+    batch = await uow.run(content.batch_detail, batch_id, settings.lease_seconds)
     return await _page(request, uow, "batch.html", batch=batch)
 
 
@@ -230,7 +152,7 @@ async def files_page(
     project: str = "",
     purpose: str = "",
 ) -> Response:
-    found = await uow.run(_files_page, project, purpose)
+    found = await uow.run(content.files_page, project, purpose)
     return await _page(
         request,
         uow,
@@ -246,13 +168,13 @@ async def files_page(
 async def workers_page(
     request: Request, _login: PageLogin, uow: UnitOfWorkDep, settings: SettingsDep
 ) -> Response:
-    rows = await uow.run(_worker_rows, settings.lease_seconds)
+    rows = await uow.run(content.worker_rows, settings.lease_seconds)
     return await _page(request, uow, "workers.html", rows=rows)
 
 
 @router.get("/keys", response_class=HTMLResponse)
 async def keys_page(request: Request, _login: PageLogin, uow: UnitOfWorkDep) -> Response:
-    return await _page(request, uow, "keys.html", **await uow.run(_keys_page))
+    return await _page(request, uow, "keys.html", **await uow.run(content.keys_page))
 
 
 @router.get("/files/{file_id}/content")
@@ -260,7 +182,7 @@ async def download(
     file_id: str, _login: PageLogin, uow: UnitOfWorkDep, storage: StorageDep
 ) -> Response:
     """Any project's file, as an attachment under its own (quoted) name."""
-    filename, size, chunks = await uow.run(_open_any_file, storage, file_id)
+    filename, size, chunks = await uow.run(content.open_any_file, storage, file_id)
     ascii_name = "".join(c if c.isalnum() or c in "._-" else "_" for c in filename)
     disposition = f"attachment; filename=\"{ascii_name}\"; filename*=UTF-8''{quote(filename)}"
     return StreamingResponse(
@@ -281,14 +203,14 @@ async def batches_feed(
     status: Annotated[str, Query()] = "",
     project: Annotated[str, Query()] = "",
 ) -> dict[str, Any]:
-    return {"rows": await uow.run(_batch_rows, settings.lease_seconds, status, project)}
+    return {"rows": await uow.run(content.batch_rows, settings.lease_seconds, status, project)}
 
 
 @router.get("/api/batches/{batch_id}")
 async def batch_feed(
     batch_id: str, _login: ApiLogin, uow: UnitOfWorkDep, settings: SettingsDep
 ) -> dict[str, Any]:
-    return await uow.run(_batch_detail, batch_id, settings.lease_seconds)
+    return await uow.run(content.batch_detail, batch_id, settings.lease_seconds)
 
 
 @router.post("/api/batches/{batch_id}/cancel")
@@ -304,19 +226,19 @@ async def cancel(
 async def workers_feed(
     _login: ApiLogin, uow: UnitOfWorkDep, settings: SettingsDep
 ) -> dict[str, Any]:
-    return {"rows": await uow.run(_worker_rows, settings.lease_seconds)}
+    return {"rows": await uow.run(content.worker_rows, settings.lease_seconds)}
 
 
 @router.get("/api/files")
 async def files_feed(
     _login: ApiLogin, uow: UnitOfWorkDep, project: str = "", purpose: str = ""
 ) -> dict[str, Any]:
-    return {"rows": await uow.run(_file_rows, project, purpose)}
+    return {"rows": await uow.run(content.file_rows, project, purpose)}
 
 
 @router.get("/api/keys")
 async def keys_feed(_login: ApiLogin, uow: UnitOfWorkDep) -> dict[str, Any]:
-    return {"rows": await uow.run(_key_rows)}
+    return {"rows": await uow.run(content.key_rows)}
 
 
 @router.post("/api/keys")

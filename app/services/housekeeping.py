@@ -24,7 +24,8 @@ from app.services.file_expiry import expire_files
 from app.services.uploads import expire_uploads
 from app.services.validation import validate_pending
 from app.storage import storage_of
-from worker.finalizer import delete_leftover_chunks, finalize_ready_batches
+from worker.chunk_cleanup import delete_leftover_chunks
+from worker.finalizer import finalize_ready_batches
 
 log = logging.getLogger("overnight.housekeeping")
 
