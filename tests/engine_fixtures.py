@@ -18,8 +18,9 @@ from sqlalchemy import select
 
 from app.config import Settings
 from app.db.models import RegisteredWorker as WorkerRow
-from app.db.models import Shard
+from app.db.models import ResultChunk, Shard
 from app.db.session import session_scope
+from app.storage import storage_for
 from tests.harness import RunningServer, fresh_database, running_server
 
 REPO = Path(__file__).resolve().parent.parent
@@ -101,6 +102,24 @@ def results(client: openai.OpenAI, batch: openai.types.Batch) -> dict[str, dict[
     return by_id
 
 
+def persisted(settings: Settings, batch_id: str) -> dict[int, dict[str, Any]]:
+    """Line number → output line, for every result recorded in the database (first wins)."""
+    storage = storage_for(str(settings.storage_dir))
+    with session_scope(settings) as session:
+        keys = session.scalars(
+            select(ResultChunk.storage_key)
+            .join(Shard, Shard.id == ResultChunk.shard_id)
+            .where(Shard.batch_id == batch_id)
+            .order_by(ResultChunk.shard_id, ResultChunk.epoch, ResultChunk.sequence)
+        ).all()
+    found: dict[int, dict[str, Any]] = {}
+    for key in keys:
+        for raw in b"".join(storage.read(key)).splitlines():
+            item = orjson.loads(raw)
+            found.setdefault(item["line"], item["output"])
+    return found
+
+
 def shards_of(settings: Settings, batch_id: str) -> list[Shard]:
     with session_scope(settings) as session:
         rows = list(session.scalars(select(Shard).where(Shard.batch_id == batch_id)))
@@ -130,7 +149,9 @@ def child_env(changes: dict[str, str | None]) -> dict[str, str]:
 
 
 class WorkerProcess:
-    """`overnight worker` in a subprocess, with its log and its submission log."""
+    """`overnight worker` in a subprocess, with its log, submission log and health file."""
+
+    PROGRAM: tuple[str, ...] = ("-m", "app.cli", "worker")
 
     def __init__(
         self,
@@ -143,18 +164,23 @@ class WorkerProcess:
         self.name = name
         self.log_path = settings.data_dir / f"{name}.log"
         self.submissions_path = settings.data_dir / f"{name}.submissions"
+        self.health_path = settings.data_dir / f"{name}.health"
         environ = child_env(
             {
                 **ENGINE_ENV,
                 "OVERNIGHT_DATABASE_URL": settings.sqlalchemy_url,
                 "OVERNIGHT_DATA_DIR": str(settings.data_dir),
                 "OVERNIGHT_LEASE_SECONDS": str(settings.lease_seconds),
+                "OVERNIGHT_WORKER_CHECKPOINT_SECONDS": str(settings.worker_checkpoint_seconds),
+                "OVERNIGHT_WORKER_POLL_SECONDS": str(settings.worker_poll_seconds),
+                "OVERNIGHT_WORKER_DRAIN_SECONDS": str(settings.worker_drain_seconds),
                 **(env or {}),
             }
         )
         # The model arguments first: a bare model id is taken there, as by `vllm serve`.
-        command = [sys.executable, "-m", "app.cli", "worker", *model_args, "--worker-id", name]
+        command = [sys.executable, *self.PROGRAM, *model_args, "--worker-id", name]
         command += ["--submission-log", str(self.submissions_path)]
+        command += ["--health-file", str(self.health_path)]
         with open(self.log_path, "ab") as log_file:
             self.process = subprocess.Popen(
                 command, env=environ, stdout=log_file, stderr=subprocess.STDOUT, cwd=REPO
@@ -172,6 +198,13 @@ class WorkerProcess:
             assert code is None, f"worker {self.name} exited with {code}:\n{self.tail()}"
             assert time.monotonic() < deadline, f"worker {self.name} did not start:\n{self.tail()}"
             time.sleep(0.5)
+
+    def state(self) -> str | None:
+        """The state in the worker's health file (None before it wrote one)."""
+        try:
+            return str(orjson.loads(self.health_path.read_bytes())["state"])
+        except FileNotFoundError:
+            return None
 
     def tail(self, chars: int = 4000) -> str:
         return self.log_path.read_text(errors="replace")[-chars:]
@@ -196,6 +229,12 @@ class WorkerProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+
+
+class FakeWorkerProcess(WorkerProcess):
+    """The worker process on the scripted engine (`python -m tests.fake_worker`)."""
+
+    PROGRAM = ("-m", "tests.fake_worker")
 
 
 @dataclass

@@ -16,12 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import openai
-import orjson
 import psutil
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import update
 
-from app.db.models import Batch, ResultChunk, Shard
+from app.db.models import Batch
 from app.db.session import session_scope
 from tests.engine_fixtures import (
     ENGINE_ENV,
@@ -33,6 +32,7 @@ from tests.engine_fixtures import (
     file_lines,
     jsonl,
     line,
+    persisted,
     results,
     smollm2_args,
     start_batch,
@@ -391,25 +391,6 @@ def test_expiry_mid_run(local: Deployment) -> None:
     assert "expired, aborted" in local.workers["chat-1"].tail(20000)
 
 
-def persisted(local: Deployment, batch_id: str) -> dict[int, dict[str, Any]]:
-    """Line number → output line, for every result recorded in the database."""
-    from app.storage import storage_for
-
-    storage = storage_for(str(local.settings.storage_dir))
-    with session_scope(local.settings) as session:
-        keys = session.scalars(
-            select(ResultChunk.storage_key)
-            .join(Shard, Shard.id == ResultChunk.shard_id)
-            .where(Shard.batch_id == batch_id)
-        ).all()
-    found: dict[int, dict[str, Any]] = {}
-    for key in keys:
-        for raw in b"".join(storage.read(key)).splitlines():
-            item = orjson.loads(raw)
-            found.setdefault(item["line"], item["output"])
-    return found
-
-
 def test_sigkill_mid_run_resumes_without_rerunning(local: Deployment, smollm2: Path) -> None:
     old = local.workers["chat-1"]
     lines = [
@@ -425,7 +406,7 @@ def test_sigkill_mid_run_resumes_without_rerunning(local: Deployment, smollm2: P
         old.process.wait(10)
         _, alive = psutil.wait_procs(engine_processes, timeout=15)
         assert not alive, f"orphaned engine processes: {[p.pid for p in alive]}"
-        before = persisted(local, batch_id)
+        before = persisted(local.settings, batch_id)
         assert 10 <= len(before) < 40
         new = local.start_worker("chat-2", smollm2_args(smollm2))
         batch = wait_status(client, batch_id, "completed", timeout=240)

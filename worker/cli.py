@@ -69,6 +69,11 @@ def own_parser() -> argparse.ArgumentParser:
         help="append `batch_id line` for every request sent to the engine (audits, tests)",
     )
     parser.add_argument(
+        "--health-file",
+        help="keep the worker's state here as JSON (starting, waiting_for_database, ready, "
+        "draining, stopped) for a supervisor's probe",
+    )
+    parser.add_argument(
         "--enable-log-stats",
         action="store_true",
         help="log vLLM's engine statistics (default: off, they cost throughput)",
@@ -147,14 +152,17 @@ async def serve(args: argparse.Namespace, settings: Settings) -> int:
     import asyncio
 
     from worker.engine import start_engine
-    from worker.loop import Worker, WorkerOptions, install_signal_handlers
+    from worker.health import Health
+    from worker.loop import WorkerOptions, install_signal_handlers, work
     from worker.registry import new_worker_id
 
     stop = asyncio.Event()
     install_signal_handlers(stop)
+    worker_id = args.worker_id or new_worker_id()
+    health = Health(worker_id, args.health_file)
     async with start_engine(args) as engine:
         options = WorkerOptions(
-            worker_id=args.worker_id or new_worker_id(),
+            worker_id=worker_id,
             window=args.window,
             dedup=args.dedup,
             prefix_grouping=args.prefix_grouping,
@@ -165,7 +173,7 @@ async def serve(args: argparse.Namespace, settings: Settings) -> int:
             file=sys.stderr,
             flush=True,
         )
-        return await Worker(settings, engine, options).run(stop)
+        return await work(settings, engine, options, health, stop)
 
 
 def main(argv: Sequence[str] | None = None, settings: Settings | None = None) -> int:
@@ -173,7 +181,6 @@ def main(argv: Sequence[str] | None = None, settings: Settings | None = None) ->
     import asyncio
 
     from app.config import get_settings
-    from app.db.session import upgrade
     from worker import process
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -182,7 +189,6 @@ def main(argv: Sequence[str] | None = None, settings: Settings | None = None) ->
     except ModelNotFoundError as exc:
         return _fail(exc)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    upgrade(settings.sqlalchemy_url)
     process.install()
     try:
         return asyncio.run(serve(args, settings))

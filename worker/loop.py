@@ -2,9 +2,11 @@
 
 The next shard is claimed as soon as every running shard has fed all its lines, so the engine
 never drains at a shard boundary. Two side tasks are supervised: the worker's own heartbeat
-(the `workers` row) and the finalizer trigger; if the heartbeat dies the worker stops taking
-work. SIGTERM stops claiming, lets in-flight requests finish for a short while, checkpoints
-and releases every lease.
+(the `workers` row) and the finalizer trigger. A database outage never stops the worker: a
+shard whose lease cannot be renewed is let go (worker/shard.py), the heartbeat probes the
+database with backoff while the health says `waiting_for_database`, and claiming resumes
+when it answers; only a dead engine stops the process. SIGTERM stops claiming, lets
+in-flight requests finish for a short while, checkpoints and releases every lease.
 """
 
 import asyncio
@@ -18,13 +20,15 @@ from dataclasses import dataclass
 from app.config import Settings
 from app.core.leases import ShardLease
 from app.core.states import FINALIZABLE_OUTCOMES, ShardOutcome
-from app.db.session import session_scope
+from app.db.session import session_scope, upgrade
 from app.storage import Storage, storage_of
 from worker import claim, registry
 from worker.engine import Engine, EngineDeadError
 from worker.finalizer import finalize_ready_batches
+from worker.health import Health, WorkerState
+from worker.outage import backoff, first_line, until_database
 from worker.scheduler import Job, Scheduler
-from worker.shard import HeartbeatLost, RunOptions, ShardRun
+from worker.shard import RunOptions, ShardRun
 
 log = logging.getLogger("overnight.worker")
 
@@ -60,10 +64,12 @@ class Worker:
         engine: Engine,
         options: WorkerOptions,
         storage: Storage | None = None,
+        health: Health | None = None,
     ) -> None:
         self.settings = settings
         self.engine = engine
         self.options = options
+        self.health = health or Health(options.worker_id)
         self.storage = storage or storage_of(settings)
         window = options.window or 2 * engine.max_num_seqs
         self.scheduler = Scheduler(
@@ -87,7 +93,11 @@ class Worker:
 
     async def run(self, stop: asyncio.Event) -> int:
         """Work until `stop` is set (0) or something fatal happens (1)."""
-        await asyncio.to_thread(self._db, registry.register, self.engine.served_names[0])
+        model = self.engine.served_names[0]
+        if not await until_database(self.health, stop, self._db, registry.register, model):
+            self.health.set(WorkerState.STOPPED)
+            return 0
+        self.health.set(WorkerState.READY)
         side = [
             asyncio.create_task(self._heartbeat(), name="heartbeat"),
             asyncio.create_task(self._finalizer(), name="finalizer"),
@@ -110,6 +120,7 @@ class Worker:
                 changed.cancel()
         finally:
             stopper.cancel()
+            self.health.set(WorkerState.DRAINING)
             await self._stop_runs()
             await self._finalize_now()
             for task in side:
@@ -119,6 +130,7 @@ class Worker:
                 await asyncio.to_thread(self._db, registry.stopped)
             except Exception as exc:
                 log.warning("could not record the worker's stop: %s", exc)
+        self.health.set(WorkerState.STOPPED, str(self._fatal or ""))
         if self._fatal is not None:
             log.error("worker stopped: %s", self._fatal)
             return 1
@@ -132,7 +144,7 @@ class Worker:
         if self.scheduler.failure is not None:
             self._fatal = self.scheduler.failure
             return False
-        if time.monotonic() < self._claim_after:
+        if self.health.state is not WorkerState.READY or time.monotonic() < self._claim_after:
             return False
         runs = self.active.values()
         return len(runs) < self.options.max_active_shards and all(r.fed_all.is_set() for r in runs)
@@ -150,8 +162,8 @@ class Worker:
         try:
             lease = await asyncio.to_thread(take)
         except Exception as exc:
-            # The database may be back at the next poll; the heartbeat task judges an outage.
-            log.warning("claiming failed: %s", exc)
+            # The heartbeat task probes the database until it answers, then claiming resumes.
+            self._database_failed(exc)
             return False
         if lease is None:
             return False
@@ -176,7 +188,7 @@ class Worker:
             outcome = ShardOutcome.ABORTED
         elif error is not None:
             outcome = ShardOutcome.FAILED
-            if isinstance(error, HeartbeatLost | EngineDeadError) or self.scheduler.failure:
+            if isinstance(error, EngineDeadError) or self.scheduler.failure:
                 self._fatal = error
             else:
                 # The shard went back to pending: do not take it again in a tight loop.
@@ -195,10 +207,13 @@ class Worker:
             await asyncio.gather(*self.active, return_exceptions=True)
 
     async def _heartbeat(self) -> None:
+        """Renew the `workers` row; while the database is away, probe it with backoff."""
         interval = min(self.settings.lease_seconds / 3, 5.0)
-        last_ok, last_tokens, last_time = time.monotonic(), 0, time.monotonic()
+        last_tokens, last_time = 0, time.monotonic()
+        retries = backoff(cap=interval)
         while True:
-            await asyncio.sleep(interval)
+            waiting = self.health.state is WorkerState.WAITING_FOR_DATABASE
+            await asyncio.sleep(next(retries) if waiting else interval)
             now = time.monotonic()
             tokens = self.scheduler.output_tokens
             rate = (tokens - last_tokens) / max(now - last_time, 1e-6)
@@ -208,11 +223,17 @@ class Worker:
                 await asyncio.to_thread(
                     self._db, registry.heartbeat, current.lease.shard_id if current else None, rate
                 )
-                last_ok = time.monotonic()
             except Exception as exc:
-                if time.monotonic() - last_ok > self.settings.lease_seconds:
-                    raise HeartbeatLost("the worker heartbeat failed for a whole lease") from exc
-                log.warning("worker heartbeat failed, retrying: %s", exc)
+                self._database_failed(exc)
+                continue
+            retries = backoff(cap=interval)
+            if self.health.state is WorkerState.WAITING_FOR_DATABASE:
+                self.health.set(WorkerState.READY, "the database answers again")
+                self._changed.set()
+
+    def _database_failed(self, error: BaseException) -> None:
+        if self.health.state is WorkerState.READY:
+            self.health.set(WorkerState.WAITING_FOR_DATABASE, first_line(error))
 
     async def _finalizer(self) -> None:
         while True:
@@ -228,6 +249,20 @@ class Worker:
         except Exception:
             # The API's housekeeping loop finalizes too: a failure here delays, loses nothing.
             log.exception("finalizing failed")
+
+
+async def work(
+    settings: Settings,
+    engine: Engine,
+    options: WorkerOptions,
+    health: Health,
+    stop: asyncio.Event,
+) -> int:
+    """A worker process once its engine runs: wait for the database and its schema, then work."""
+    if not await until_database(health, stop, upgrade, settings.sqlalchemy_url):
+        health.set(WorkerState.STOPPED)
+        return 0
+    return await Worker(settings, engine, options, health=health).run(stop)
 
 
 def install_signal_handlers(stop: asyncio.Event) -> None:

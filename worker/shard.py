@@ -4,7 +4,9 @@ The checkpoint is the lease's heartbeat: on a timer (≤ 1 s) it stores the fini
 chunk object and, in one fenced transaction, records the chunk, adds its counts to the shard
 and renews the lease. The same transaction reads the batch's status, so a cancel or an expiry
 is seen within one tick; then in-flight requests are aborted, what finished is kept, and the
-shard is handed back.
+shard is handed back. A lease that cannot be renewed in time (the database is away) is let
+go: in-flight requests are aborted and unrecorded results dropped, so the next holder runs
+exactly those lines again.
 """
 
 import asyncio
@@ -33,7 +35,7 @@ READ_BATCH = 64
 
 
 class HeartbeatLost(RuntimeError):
-    """The lease could not be renewed in time: the worker must stop taking work."""
+    """The lease could not be renewed in time: someone else may hold the shard by now."""
 
 
 class Renewal(Enum):
@@ -83,6 +85,7 @@ class ShardRun:
         self._engine_error: BaseException | None = None
         self._stop_deadline: float | None = None
         self._last_heartbeat = time.monotonic()
+        self._failing = False
 
     # -- Sink: called by the scheduler as results arrive --
     def deliver(self, job: Job, result: EngineResult, copied: bool) -> None:
@@ -151,10 +154,13 @@ class ShardRun:
                     return await self._let_go()
                 if not finished and time.monotonic() >= self._stop_deadline:
                     return await self._let_go()
-            checkpoint = await self._checkpoint(done=finished)
+            try:
+                checkpoint = await self._checkpoint(done=finished)
+            except HeartbeatLost as lost:
+                log.warning("%s: letting the shard go", lost)
+                return await self._lost()
             if checkpoint.renewal is Renewal.LOST:
-                await self.scheduler.abort(self)
-                return ShardOutcome.LOST
+                return await self._lost()
             if checkpoint.renewal is Renewal.CLOSED:
                 self._check_complete()
                 return ShardOutcome.DONE
@@ -174,6 +180,12 @@ class ShardRun:
                 self.recorded,
                 self.lease.line_count,
             )
+
+    async def _lost(self) -> ShardOutcome:
+        """Someone else may hold the shard: abort what runs; unrecorded results are dropped."""
+        self.fed_all.set()
+        await self.scheduler.abort(self)
+        return ShardOutcome.LOST
 
     async def _let_go(self, reason: ShardOutcome = ShardOutcome.RELEASED) -> ShardOutcome:
         """Abort what runs, keep what finished, hand the shard back."""
@@ -219,9 +231,12 @@ class ShardRun:
                 raise HeartbeatLost(
                     f"cannot renew the lease of shard {self.lease.shard_id}"
                 ) from exc
-            log.warning("checkpoint of shard %s failed, retrying: %s", self.lease.shard_id, exc)
+            if not self._failing:
+                log.warning("checkpoint of shard %s failed, retrying: %s", self.lease.shard_id, exc)
+            self._failing = True
             return Checkpoint(Renewal.FAILED)
         self._last_heartbeat = time.monotonic()
+        self._failing = False
         if stored:
             self._pending = None
         if state is None:
