@@ -20,7 +20,7 @@ from app.config import Settings
 from app.db.models import RegisteredWorker as WorkerRow
 from app.db.models import ResultChunk, Shard
 from app.db.session import session_scope
-from app.storage import storage_for
+from app.storage import storage_of
 from tests.harness import RunningServer, fresh_database, running_server
 
 REPO = Path(__file__).resolve().parent.parent
@@ -104,7 +104,7 @@ def results(client: openai.OpenAI, batch: openai.types.Batch) -> dict[str, dict[
 
 def persisted(settings: Settings, batch_id: str) -> dict[int, dict[str, Any]]:
     """Line number → output line, for every result recorded in the database (first wins)."""
-    storage = storage_for(str(settings.storage_dir))
+    storage = storage_of(settings)
     with session_scope(settings) as session:
         keys = session.scalars(
             select(ResultChunk.storage_key)
@@ -174,6 +174,8 @@ class WorkerProcess:
                 "OVERNIGHT_WORKER_CHECKPOINT_SECONDS": str(settings.worker_checkpoint_seconds),
                 "OVERNIGHT_WORKER_POLL_SECONDS": str(settings.worker_poll_seconds),
                 "OVERNIGHT_WORKER_DRAIN_SECONDS": str(settings.worker_drain_seconds),
+                "OVERNIGHT_STORAGE_URL": settings.storage_url,
+                "OVERNIGHT_S3_ENDPOINT_URL": settings.s3_endpoint_url,
                 **(env or {}),
             }
         )

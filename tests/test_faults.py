@@ -13,12 +13,16 @@ import secrets
 import signal
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import boto3
 import openai
 import psutil
 import pytest
+from moto.server import ThreadedMotoServer
 
 from app.config import Settings
 from tests.engine_fixtures import (
@@ -33,7 +37,7 @@ from tests.engine_fixtures import (
     wait_completed,
     wait_status,
 )
-from tests.harness import RunningServer, running_server
+from tests.harness import RunningServer, free_port, running_server
 from tests.private_postgres import PrivatePostgres
 
 pytestmark = pytest.mark.faults
@@ -105,27 +109,57 @@ def _sent_after(path: Path, offset: int, batch_id: str) -> set[int]:
     return {int(n) for b, n in zip(words[::2], words[1::2], strict=True) if b == batch_id}
 
 
+@contextmanager
+def deployment(
+    private_postgres: PrivatePostgres, data_dir: Path, **settings: Any
+) -> Iterator[Faulted]:
+    url = private_postgres.create_database("overnight_" + secrets.token_hex(6))
+    values = {
+        "shard_lines": 50,
+        "lease_seconds": LEASE_SECONDS,
+        "worker_checkpoint_seconds": 0.2,
+        "worker_poll_seconds": 0.2,
+        "worker_drain_seconds": 1.0,
+        "housekeeping_interval_seconds": 0.2,
+        **settings,
+    }
+    configured = Settings(data_dir=data_dir, database_url=url, _env_file=None, **values)  # type: ignore[call-arg]
+    with running_server(configured) as server:
+        running = Faulted(server.settings, server)
+        try:
+            yield running
+        finally:
+            for worker in running.workers:
+                worker.stop(timeout=20)
+
+
 @pytest.fixture
 def faulted(private_postgres: PrivatePostgres, tmp_path: Path) -> Iterator[Faulted]:
-    url = private_postgres.create_database("overnight_" + secrets.token_hex(6))
-    settings = Settings(  # type: ignore[call-arg]
-        data_dir=tmp_path,
-        database_url=url,
-        shard_lines=50,
-        lease_seconds=LEASE_SECONDS,
-        worker_checkpoint_seconds=0.2,
-        worker_poll_seconds=0.2,
-        worker_drain_seconds=1.0,
-        housekeeping_interval_seconds=0.2,
-        _env_file=None,
-    )
-    with running_server(settings) as server:
-        deployment = Faulted(server.settings, server)
-        try:
-            yield deployment
-        finally:
-            for worker in deployment.workers:
-                worker.stop(timeout=20)
+    with deployment(private_postgres, tmp_path) as running:
+        yield running
+
+
+class RestartableS3:
+    """A moto S3 endpoint that can go away and come back on its port, its objects kept.
+
+    moto keeps its buckets in this process, so a stopped and restarted server still has them,
+    as a real S3 service would after an outage.
+    """
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server: ThreadedMotoServer | None = None
+
+    def start(self) -> None:
+        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
+        self.server.start()
+
+    def stop(self) -> None:
+        """Refuse connections from now on, as a killed endpoint does."""
+        assert self.server is not None and self.server._server is not None
+        self.server.stop()
+        self.server._server.server_close()
 
 
 def assert_intact(deployment: Faulted, batch: openai.types.Batch, n: int) -> None:
@@ -254,3 +288,35 @@ def test_sigstopped_worker_is_fenced_when_it_wakes(faulted: Faulted) -> None:
     index = next(s.index for s in shards_of(faulted.settings, batch_id) if s.id == shard_id)
     assert f"shard {index} of {batch_id}: lost" in frozen.tail(200_000)
     assert_intact(faulted, batch, n)
+
+
+def test_s3_endpoint_killed_and_restarted_mid_batch(
+    private_postgres: PrivatePostgres, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    s3 = RestartableS3()
+    s3.start()
+    boto3.client("s3", endpoint_url=s3.url).create_bucket(Bucket="faults")
+    store = {"storage_url": "s3://faults/deploy", "s3_endpoint_url": s3.url}
+    n = 1500
+    try:
+        with deployment(private_postgres, tmp_path, **store) as running:
+            for i in range(2):
+                running.start_worker(f"w{i}", delay=0.1)
+            with running.client() as client:
+                batch_id = start_batch(client, lines(n))
+                wait_completed(client, batch_id, 300)
+                running.mark(batch_id)
+                s3.stop()
+                time.sleep(2 * LEASE_SECONDS)
+                s3.start()
+                batch = wait_status(client, batch_id, "completed", timeout=120)
+            for worker in running.workers:
+                assert worker.process.poll() is None, f"{worker.name} exited:\n{worker.tail()}"
+            assert_intact(running, batch, n)
+    finally:
+        s3.stop()
