@@ -89,5 +89,13 @@ def s3_bucket(s3_endpoint: str) -> str:
     return name
 
 
+@pytest.fixture(scope="session")
+def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The bundled SmolLM2, converted once for every real-engine test of the session."""
+    from worker.models import ensure_converted
+
+    return ensure_converted(tmp_path_factory.mktemp("models"))
+
+
 def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import openai
 import orjson
@@ -261,6 +261,9 @@ class Deployment:
         return worker
 
 
+D = TypeVar("D", bound=Deployment)
+
+
 @contextmanager
 def deployment(backend: str, data_dir: Path, **overrides: Any) -> Iterator[Deployment]:
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -274,13 +277,20 @@ def deployment(backend: str, data_dir: Path, **overrides: Any) -> Iterator[Deplo
             _env_file=None,
             **overrides,
         )
-        with running_server(settings) as server:
-            running = Deployment(server.settings, server)
-            try:
-                yield running
-            finally:
-                for worker in running.workers.values():
-                    worker.stop()
+        with serving(settings, Deployment) as running:
+            yield running
+
+
+@contextmanager
+def serving(settings: Settings, kind: type[D]) -> Iterator[D]:
+    """The API on these settings; every worker started on it is stopped afterwards."""
+    with running_server(settings) as server:
+        running = kind(server.settings, server)
+        try:
+            yield running
+        finally:
+            for worker in running.workers.values():
+                worker.stop(timeout=20)
 
 
 def smollm2_args(model_dir: Path) -> list[str]:

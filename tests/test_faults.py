@@ -26,18 +26,21 @@ from moto.server import ThreadedMotoServer
 
 from app.config import Settings
 from tests.engine_fixtures import (
+    Deployment,
     FakeWorkerProcess,
     WorkerProcess,
     chat_line,
     jsonl,
     persisted,
     results,
+    serving,
     shards_of,
+    smollm2_args,
     start_batch,
     wait_completed,
     wait_status,
 )
-from tests.harness import RunningServer, free_port, running_server
+from tests.harness import free_port
 from tests.private_postgres import PrivatePostgres
 
 pytestmark = pytest.mark.faults
@@ -64,26 +67,15 @@ class Mark:
 
 
 @dataclass
-class Faulted:
-    """A deployment under test: the API in this process, fake workers in their own."""
+class Faulted(Deployment):
+    """A deployment under test: the API in this process, workers in their own."""
 
-    settings: Settings
-    server: RunningServer
-    workers: list[WorkerProcess] = field(default_factory=list)
     marks: list[Mark] = field(default_factory=list)
     engine_processes: list[psutil.Process] = field(default_factory=list)
 
-    def client(self) -> openai.OpenAI:
-        return openai.OpenAI(
-            base_url=self.server.base_url,
-            api_key="sk-test",
-            max_retries=0,
-            _strict_response_validation=True,
-        )
-
-    def start_worker(self, name: str, delay: float) -> WorkerProcess:
+    def start_fake(self, name: str, delay: float) -> WorkerProcess:
         worker = FakeWorkerProcess(self.settings, name, ["--delay", str(delay)])
-        self.workers.append(worker)
+        self.workers[name] = worker
         return worker
 
     def kill(self, worker: WorkerProcess) -> None:
@@ -94,7 +86,7 @@ class Faulted:
     def mark(self, batch_id: str) -> None:
         """Remember what is persisted now: no log may send any of it after this point."""
         done = set(persisted(self.settings, batch_id))
-        offsets = {w.submissions_path: _size(w.submissions_path) for w in self.workers}
+        offsets = {w.submissions_path: _size(w.submissions_path) for w in self.workers.values()}
         self.marks.append(Mark(done, offsets))
 
 
@@ -124,13 +116,8 @@ def deployment(
         **settings,
     }
     configured = Settings(data_dir=data_dir, database_url=url, _env_file=None, **values)  # type: ignore[call-arg]
-    with running_server(configured) as server:
-        running = Faulted(server.settings, server)
-        try:
-            yield running
-        finally:
-            for worker in running.workers:
-                worker.stop(timeout=20)
+    with serving(configured, Faulted) as running:
+        yield running
 
 
 @pytest.fixture
@@ -171,16 +158,16 @@ def assert_intact(deployment: Faulted, batch: openai.types.Batch, n: int) -> Non
     assert counts.completed == sum(1 for v in by_id.values() if v["error"] is None)
     assert counts.failed == n - counts.completed == 0
     for mark in deployment.marks:
-        for worker in deployment.workers:
+        for worker in deployment.workers.values():
             path = worker.submissions_path
             rerun = _sent_after(path, mark.offsets.get(path, 0), batch.id) & mark.persisted
             assert not rerun, f"{worker.name} ran persisted lines again: {sorted(rerun)[:10]}"
-    alive = [p for p in deployment.engine_processes if p.is_running()]
+    _, alive = psutil.wait_procs(deployment.engine_processes, timeout=15)
     assert not alive, f"engine processes outlived their worker: {[p.pid for p in alive]}"
 
 
-def lines(n: int) -> bytes:
-    return jsonl([chat_line(f"r{i}") for i in range(n)])
+def lines(n: int, **body: object) -> bytes:
+    return jsonl([chat_line(f"r{i}", **body) for i in range(n)])
 
 
 def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
@@ -203,7 +190,7 @@ def wait_holding(deployment: Faulted, batch_id: str, worker: WorkerProcess) -> N
 
 def test_sigkill_workers_at_random_moments(faulted: Faulted) -> None:
     n, kills = 3000, 0
-    slots = [faulted.start_worker(f"w{i}-0", delay=0.1) for i in range(2)]
+    slots = [faulted.start_fake(f"w{i}-0", delay=0.1) for i in range(2)]
     rng = random.Random(11)
     with faulted.client() as client:
         batch_id = start_batch(client, lines(n))
@@ -217,7 +204,7 @@ def test_sigkill_workers_at_random_moments(faulted: Faulted) -> None:
             faulted.kill(victim)
             kills += 1
             faulted.mark(batch_id)
-            slots[slot] = faulted.start_worker(f"w{slot}-{kills}", delay=0.1)
+            slots[slot] = faulted.start_fake(f"w{slot}-{kills}", delay=0.1)
         batch = wait_status(client, batch_id, "completed", timeout=120)
     assert_intact(faulted, batch, n)
     taken_over = sum(s.attempts - 1 for s in shards_of(faulted.settings, batch_id))
@@ -228,7 +215,7 @@ def test_database_restart_and_outage_stop_no_worker(
     faulted: Faulted, private_postgres: PrivatePostgres
 ) -> None:
     n = 1500
-    workers = [faulted.start_worker(f"w{i}", delay=0.1) for i in range(2)]
+    workers = [faulted.start_fake(f"w{i}", delay=0.1) for i in range(2)]
     with faulted.client() as client:
         batch_id = start_batch(client, lines(n))
         wait_completed(client, batch_id, 200)
@@ -236,20 +223,10 @@ def test_database_restart_and_outage_stop_no_worker(
         faulted.mark(batch_id)
         wait_completed(client, batch_id, 500)
         faulted.mark(batch_id)
-        private_postgres.stop()
-        stopped_at = time.monotonic()
-        late = faulted.start_worker("late", delay=0.1)
-        for worker in [*workers, late]:
-            # A cold start of the process takes seconds on a loaded machine.
-            wait_for(
-                lambda w=worker: w.state() == "waiting_for_database",  # type: ignore[misc]
-                30,
-                f"{worker.name} to wait for the database",
-            )
-        time.sleep(max(0.0, 2 * LEASE_SECONDS - (time.monotonic() - stopped_at)))
-        private_postgres.start()
+        late = lambda: faulted.start_fake("late", delay=0.1)  # noqa: E731
+        everyone = stop_the_database(private_postgres, workers, late)
         batch = wait_status(client, batch_id, "completed", timeout=120)
-    for worker in [*workers, late]:
+    for worker in everyone:
         assert worker.process.poll() is None, f"{worker.name} exited:\n{worker.tail()}"
         assert worker.state() == "ready", worker.tail()
     assert_intact(faulted, batch, n)
@@ -260,9 +237,29 @@ def test_database_restart_and_outage_stop_no_worker(
     assert "letting the shard go" in "".join(logs)
 
 
+def stop_the_database(
+    database: PrivatePostgres, workers: list[WorkerProcess], start_late: Callable[[], WorkerProcess]
+) -> list[WorkerProcess]:
+    """Stop it for at least twice the lease, with every worker waiting; returns theirs and the
+    one started during the outage."""
+    database.stop()
+    stopped_at = time.monotonic()
+    everyone = [*workers, start_late()]
+    for worker in everyone:
+        # A cold start of the process takes seconds on a loaded machine.
+        wait_for(
+            lambda w=worker: w.state() == "waiting_for_database",  # type: ignore[misc]
+            30,
+            f"{worker.name} to wait for the database",
+        )
+    time.sleep(max(0.0, 2 * LEASE_SECONDS - (time.monotonic() - stopped_at)))
+    database.start()
+    return everyone
+
+
 def test_sigstopped_worker_is_fenced_when_it_wakes(faulted: Faulted) -> None:
     n = 1000
-    frozen, _ = (faulted.start_worker(f"w{i}", delay=0.1) for i in range(2))
+    frozen, _ = (faulted.start_fake(f"w{i}", delay=0.1) for i in range(2))
     with faulted.client() as client:
         batch_id = start_batch(client, lines(n))
         wait_completed(client, batch_id, 100)
@@ -306,7 +303,7 @@ def test_s3_endpoint_killed_and_restarted_mid_batch(
     try:
         with deployment(private_postgres, tmp_path, **store) as running:
             for i in range(2):
-                running.start_worker(f"w{i}", delay=0.1)
+                running.start_fake(f"w{i}", delay=0.1)
             with running.client() as client:
                 batch_id = start_batch(client, lines(n))
                 wait_completed(client, batch_id, 300)
@@ -315,8 +312,33 @@ def test_s3_endpoint_killed_and_restarted_mid_batch(
                 time.sleep(2 * LEASE_SECONDS)
                 s3.start()
                 batch = wait_status(client, batch_id, "completed", timeout=120)
-            for worker in running.workers:
+            for worker in running.workers.values():
                 assert worker.process.poll() is None, f"{worker.name} exited:\n{worker.tail()}"
             assert_intact(running, batch, n)
     finally:
         s3.stop()
+
+
+@pytest.mark.engine
+def test_the_real_engine_stays_loaded_through_a_database_outage(
+    private_postgres: PrivatePostgres, tmp_path: Path, smollm2: Path
+) -> None:
+    n = 48
+    with deployment(private_postgres, tmp_path, shard_lines=8) as running:
+        worker = running.start_worker("real", smollm2_args(smollm2))
+        worker.wait_ready()
+        engine = worker.descendants()
+        assert engine, "the worker has no engine processes"
+        with running.client() as client:
+            batch_id = start_batch(client, lines(n, max_tokens=16, temperature=0))
+            wait_completed(client, batch_id, 8, timeout=300)
+            running.mark(batch_id)
+            late = lambda: running.start_fake("late", delay=0.1)  # noqa: E731
+            stop_the_database(private_postgres, [worker], late)
+            batch = wait_status(client, batch_id, "completed", timeout=300)
+        assert worker.process.poll() is None, worker.tail()
+        assert set(engine) <= set(worker.descendants()), "the engine was not kept loaded"
+        running.engine_processes += engine
+        worker.stop()
+        assert worker.process.returncode == 0, worker.tail()
+        assert_intact(running, batch, n)

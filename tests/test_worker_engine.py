@@ -39,7 +39,6 @@ from tests.engine_fixtures import (
     wait_completed,
     wait_status,
 )
-from worker.models import ensure_converted
 
 pytestmark = pytest.mark.engine
 
@@ -72,11 +71,6 @@ REFERENCE_CHATS: list[dict[str, Any]] = [
     },
     {"messages": [{"role": "user", "content": "Write a haiku about rain."}], "max_tokens": 8},
 ]
-
-
-@pytest.fixture(scope="module")
-def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return ensure_converted(tmp_path_factory.mktemp("models"))
 
 
 @pytest.fixture(scope="module")
