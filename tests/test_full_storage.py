@@ -25,7 +25,10 @@ from tests.fake_engine import FakeEngine, ThreadedWorker, fast
 from tests.harness import RunningServer, running_server
 from tests.spec import assert_error
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+pytestmark = [
+    pytest.mark.faults,
+    pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root"),
+]
 
 
 @contextlib.contextmanager
