@@ -87,6 +87,13 @@ class Settings(BaseSettings):
     worker_checkpoint_seconds: float = 0.5
     worker_poll_seconds: float = 0.25
     worker_drain_seconds: float = 10.0
+    # Webhooks: targets on loopback or private networks are refused unless allowed (a tenant
+    # must not make the server probe its own network); one attempt's timeout; the first
+    # retry's delay (doubling up to an hour); how long an event is retried (OpenAI: 72 h).
+    webhook_allow_private: bool = False
+    webhook_timeout_seconds: float = 5.0
+    webhook_retry_seconds: float = 10.0
+    webhook_retry_window_seconds: float = 72 * 3600
 
     @model_validator(mode="after")
     def _check(self) -> "Settings":

@@ -12,7 +12,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from app.api.body import BodyTimeoutMiddleware
 from app.api.nul_bytes import RejectNulMiddleware
 from app.api.openapi import install_openapi
-from app.api.routes import admin, batches, files, health, models, uploads
+from app.api.routes import admin, batches, files, health, models, uploads, webhooks
 from app.config import Settings, get_settings
 from app.dashboard import install_dashboard
 from app.db.session import session_scope, upgrade
@@ -91,7 +91,7 @@ def create_app(settings: Settings | None = None, access: Access | None = None) -
     app.state.settings = settings
     install_openapi(app)
     install_error_handlers(app)
-    for module in (files, uploads, batches, models, admin):
+    for module in (files, uploads, batches, models, admin, webhooks):
         app.include_router(module.router, prefix="/v1")
     app.include_router(health.router)
     install_dashboard(app)

@@ -35,6 +35,7 @@ from app.db.session import session_scope
 from app.ids import new_batch_request_id, new_file_id
 from app.schemas.files import FileObjectPurpose
 from app.services import batch_lease
+from app.services.batch_end import end_batch
 from app.services.batch_lease import Heartbeat
 from app.services.files import create_file_from_storage, file_storage_key
 from app.services.jsonl import iter_lines
@@ -317,22 +318,29 @@ def _record(
             for side, obj in written
             if obj is not None
         }
-        _finish(batch, job.path, files, tally, now)
+        _finish(session, batch, job.path, files, tally, now)
         batch.throughput = throughput_series(session, batch_id)
     return True
 
 
 def _finish(
-    batch: Batch, ending: Ending, files: dict[str, File], tally: Progress, now: int
+    session: Session,
+    batch: Batch,
+    ending: Ending,
+    files: dict[str, File],
+    tally: Progress,
+    now: int,
 ) -> None:
-    if ending is Ending.EXPIRE:
-        batch.status, batch.expired_at = BatchStatus.EXPIRED, now
-    elif batch.status == BatchStatus.CANCELLING:
-        batch.status, batch.cancelled_at = BatchStatus.CANCELLED, now
-    else:
-        batch.status, batch.completed_at = BatchStatus.COMPLETED, now
     batch.output_file_id = files["output"].id if "output" in files else None
     batch.error_file_id = files["error"].id if "error" in files else None
     for name, value in tally.values().items():
         setattr(batch, name, value)
-    batch.lease_owner, batch.heartbeat_at = None, None
+    end_batch(session, batch, _final_status(batch, ending), now)
+
+
+def _final_status(batch: Batch, ending: Ending) -> BatchStatus:
+    if ending is Ending.EXPIRE:
+        return BatchStatus.EXPIRED
+    if batch.status == BatchStatus.CANCELLING:
+        return BatchStatus.CANCELLED
+    return BatchStatus.COMPLETED

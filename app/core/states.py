@@ -68,3 +68,23 @@ class ShardOutcome(StrEnum):
 
 # The outcomes after which the batch may be ready to finalize.
 FINALIZABLE_OUTCOMES = (ShardOutcome.DONE, ShardOutcome.CANCELLED, ShardOutcome.EXPIRED)
+
+
+class WebhookEventType(StrEnum):
+    """OpenAI's batch webhook events: one for each terminal status."""
+
+    BATCH_COMPLETED = "batch.completed"
+    BATCH_FAILED = "batch.failed"
+    BATCH_EXPIRED = "batch.expired"
+    BATCH_CANCELLED = "batch.cancelled"
+
+    @classmethod
+    def of(cls, status: BatchStatus) -> "WebhookEventType":
+        """The event a batch ending in `status` sends."""
+        return cls(f"batch.{status}")
+
+
+class DeliveryStatus(StrEnum):
+    PENDING = "pending"  # not yet accepted; retried until the retry window closes
+    DELIVERED = "delivered"  # the receiver answered 2xx
+    FAILED = "failed"  # the retry window closed (or a test event was refused)

@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     CheckConstraint,
     Enum,
     Float,
@@ -29,6 +30,7 @@ from app.core.states import (
     CLAIMABLE_BATCH_STATUSES,
     OPEN_SHARD_STATUSES,
     BatchStatus,
+    DeliveryStatus,
     ShardStatus,
 )
 from app.schemas.admin import KeyRole
@@ -265,3 +267,65 @@ class RegisteredWorker(Base):
     current_shard_id: Mapped[int | None] = mapped_column(Integer)
     tokens_per_second: Mapped[float] = mapped_column(Float, default=0.0)
     stopped_at: Mapped[float | None] = mapped_column(Float)
+
+
+class WebhookEndpoint(Base):
+    """Where a project's batch events are sent, signed with its secret."""
+
+    __tablename__ = "webhook_endpoints"
+    __table_args__ = (Index("ix_webhook_endpoints_project_listing", "project_id", "seq"),)
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(64), unique=True)
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id"))
+    name: Mapped[str] = mapped_column(String(256))
+    url: Mapped[str] = mapped_column(Text)
+    event_types: Mapped[list[Any]] = mapped_column(JSON)
+    enabled: Mapped[bool] = mapped_column(Boolean, default=True)
+    # Kept in the clear: every delivery is signed with it.
+    secret: Mapped[str] = mapped_column(String(128))
+    # After a rotation that keeps the old secret valid, deliveries carry both signatures.
+    previous_secret: Mapped[str | None] = mapped_column(String(128))
+    previous_secret_expires_at: Mapped[int | None] = mapped_column(BigInteger)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    updated_at: Mapped[int] = mapped_column(BigInteger)
+
+
+class WebhookDelivery(Base):
+    """One event for one endpoint: the outbox row, written with the batch's terminal status.
+
+    `body` is the exact payload sent on every attempt, and `id` its `webhook-id`.
+    """
+
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (
+        CheckConstraint(_in("status", DeliveryStatus), name="status"),
+        Index("ix_webhook_deliveries_endpoint_listing", "endpoint_id", "seq"),
+        # The deliverer's claim path.
+        Index(
+            "ix_webhook_deliveries_due",
+            "next_attempt_at",
+            postgresql_where=text(_in("status", (DeliveryStatus.PENDING,))),
+            sqlite_where=text(_in("status", (DeliveryStatus.PENDING,))),
+        ),
+    )
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(64), unique=True)
+    endpoint_id: Mapped[str] = mapped_column(ForeignKey("webhook_endpoints.id", ondelete="CASCADE"))
+    event_id: Mapped[str] = mapped_column(String(64))
+    event_type: Mapped[str] = mapped_column(String(64))
+    body: Mapped[str] = mapped_column(Text)
+    status: Mapped[DeliveryStatus] = mapped_column(
+        _enum(DeliveryStatus, 16), default=DeliveryStatus.PENDING
+    )
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[float] = mapped_column(Float)
+    next_attempt_at: Mapped[float] = mapped_column(Float)
+    lease_owner: Mapped[str | None] = mapped_column(String(128))
+    lease_expires_at: Mapped[float | None] = mapped_column(Float)
+    last_attempt_at: Mapped[float | None] = mapped_column(Float)
+    last_status_code: Mapped[int | None] = mapped_column(Integer)
+    last_error: Mapped[str | None] = mapped_column(Text)
+    latency_ms: Mapped[float | None] = mapped_column(Float)
+    delivered_at: Mapped[float | None] = mapped_column(Float)

@@ -1,7 +1,8 @@
-"""The API process's background work: validate new batches, finalize ready ones, expire files.
+"""The API process's background work: validate new batches, finalize ready ones, expire files,
+deliver webhooks.
 
-Two loops run side by side so that a long finalization never delays the
-validation of a newly created batch. Each wakes every
+Three loops run side by side so that a long finalization never delays the
+validation of a newly created batch, and a slow webhook receiver delays neither. Each wakes every
 `housekeeping_interval_seconds`, or at once when `wake()` is called (the create
 route wakes validation, the cancel route finalization). Every step is a
 lease-guarded, restartable unit, so any number of API replicas may run these
@@ -23,6 +24,7 @@ from app.db.session import session_scope
 from app.services.file_expiry import expire_files
 from app.services.uploads import expire_uploads
 from app.services.validation import validate_pending
+from app.services.webhook_delivery import deliver_due
 from app.storage import storage_of
 from worker.chunk_cleanup import delete_leftover_chunks
 from worker.finalizer import finalize_ready_batches
@@ -32,14 +34,14 @@ log = logging.getLogger("overnight.housekeeping")
 # Storage temp files (or open multipart uploads) older than this belong to a writer that died.
 STALE_TEMP_SECONDS = 24 * 3600
 
-VALIDATION, FINALIZATION = "validation", "finalization"
+VALIDATION, FINALIZATION, WEBHOOKS = "validation", "finalization", "webhooks"
 
 _wakers: dict[tuple[str, str], list[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
 _wakers_lock = threading.Lock()
 
 
 def wake(settings: Settings, loop_name: str) -> None:
-    """Wakes the `validation` or `finalization` loops of this process serving this database."""
+    """Wakes one loop (validation, finalization, webhooks) of this process for this database."""
     with _wakers_lock:
         targets = list(_wakers.get((settings.sqlalchemy_url, loop_name), ()))
     for loop, event in targets:
@@ -67,12 +69,14 @@ def owner_name(role: str) -> str:
 def _validate(settings: Settings, owner: str) -> None:
     if validate_pending(settings, owner):
         wake(settings, FINALIZATION)  # a batch cancelled while validating can now end
+        wake(settings, WEBHOOKS)  # a batch that failed validation has an event to send
 
 
 def tidy(settings: Settings, owner: str) -> None:
     """One pass of everything but validation: finalize, expire uploads and files, sweep temp."""
     storage = storage_of(settings)
-    finalize_ready_batches(settings, owner, storage)
+    if finalize_ready_batches(settings, owner, storage):
+        wake(settings, WEBHOOKS)
     delete_leftover_chunks(settings, storage)
     now = int(time.time())
     with session_scope(settings) as session:
@@ -85,15 +89,17 @@ def tidy(settings: Settings, owner: str) -> None:
 async def housekeeping_loop(settings: Settings, stop: asyncio.Event) -> None:
     """Runs until `stop` is set; the API's lifespan starts it."""
     owner = owner_name("api")
-    validate_wake, tidy_wake = asyncio.Event(), asyncio.Event()
+    validate_wake, tidy_wake, deliver_wake = asyncio.Event(), asyncio.Event(), asyncio.Event()
     unregister = [
         _register(settings, VALIDATION, validate_wake),
         _register(settings, FINALIZATION, tidy_wake),
+        _register(settings, WEBHOOKS, deliver_wake),
     ]
     try:
         await asyncio.gather(
             _repeat(settings, stop, validate_wake, lambda: _validate(settings, owner)),
             _repeat(settings, stop, tidy_wake, lambda: tidy(settings, owner)),
+            _repeat(settings, stop, deliver_wake, lambda: deliver_due(settings, owner)),
         )
     finally:
         for undo in unregister:

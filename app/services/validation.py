@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from app.config import Settings
 from app.core.leases import BatchLease
@@ -24,6 +25,7 @@ from app.db.models import Batch, File, Shard
 from app.db.session import session_scope
 from app.schemas.batches import BatchError
 from app.services import batch_lease
+from app.services.batch_end import end_batch
 from app.services.batch_lease import Heartbeat
 from app.services.jsonl import scan_lines
 from app.storage import Storage, storage_of
@@ -363,15 +365,14 @@ def record(settings: Settings, lease: BatchLease, outcome: Outcome) -> BatchStat
     return status
 
 
-def _apply(session: Any, batch: Batch, outcome: Outcome) -> None:
+def _apply(session: Session, batch: Batch, outcome: Outcome) -> None:
     now = int(time.time())
+    if outcome.errors:
+        batch.errors = [e.model_dump() for e in outcome.errors]
+        end_batch(session, batch, BatchStatus.FAILED, now)
+        return
     batch.lease_owner = None
     batch.heartbeat_at = None
-    if outcome.errors:
-        batch.status = BatchStatus.FAILED
-        batch.failed_at = now
-        batch.errors = [e.model_dump() for e in outcome.errors]
-        return
     batch.status = BatchStatus.IN_PROGRESS
     batch.in_progress_at = now
     batch.total = outcome.total

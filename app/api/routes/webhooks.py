@@ -1,0 +1,155 @@
+"""`/v1/webhook_endpoints`, as OpenAI's webhook endpoints API (the SDK's `client.webhooks`).
+
+A member key sees its own project's endpoints; an admin key any project's. The deliveries
+list and `enabled` are ours. Each `uow.run` is one committed transaction.
+"""
+
+import asyncio
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request
+
+from app.api.body import json_body_openapi, read_json
+from app.api.deps import PrincipalDep, SettingsDep, UnitOfWorkDep
+from app.core.states import WebhookEventType
+from app.schemas.common import ListObject
+from app.schemas.webhooks import (
+    CreateWebhookEndpointRequest,
+    DeletedWebhookEndpoint,
+    RotateSecretRequest,
+    TestWebhookEndpointRequest,
+    UpdateWebhookEndpointRequest,
+    WebhookDeliveryObject,
+    WebhookEndpointObject,
+    WebhookEndpointTestResult,
+    WebhookEndpointWithSecret,
+    WebhookEventTypeList,
+)
+from app.services import webhook_delivery, webhook_endpoints
+from app.services.auth import Principal
+
+router = APIRouter(tags=["webhooks"])
+
+
+def _scope(principal: Principal) -> str | None:
+    return None if principal.is_admin else principal.project_id
+
+
+@router.get("/webhook_event_types", operation_id="listWebhookEventTypes")
+async def list_event_types(_principal: PrincipalDep) -> WebhookEventTypeList:
+    return WebhookEventTypeList(data=[str(t) for t in WebhookEventType])
+
+
+@router.post(
+    "/webhook_endpoints",
+    operation_id="createWebhookEndpoint",
+    openapi_extra=json_body_openapi(CreateWebhookEndpointRequest),
+)
+async def create_endpoint(
+    request: Request, uow: UnitOfWorkDep, settings: SettingsDep, principal: PrincipalDep
+) -> WebhookEndpointWithSecret:
+    """The response holds the signing secret, once."""
+    params = await read_json(request, CreateWebhookEndpointRequest)
+    return await uow.run(webhook_endpoints.create_endpoint, settings, principal.project_id, params)
+
+
+@router.get("/webhook_endpoints", operation_id="listWebhookEndpoints")
+async def list_endpoints(
+    uow: UnitOfWorkDep,
+    principal: PrincipalDep,
+    after: str | None = None,
+    limit: Annotated[int, Query()] = webhook_endpoints.DEFAULT_LIST_LIMIT,
+) -> ListObject[WebhookEndpointObject]:
+    return await uow.run(webhook_endpoints.list_endpoints, _scope(principal), after, limit)
+
+
+@router.get("/webhook_endpoints/{webhook_endpoint_id}", operation_id="retrieveWebhookEndpoint")
+async def retrieve_endpoint(
+    webhook_endpoint_id: str, uow: UnitOfWorkDep, principal: PrincipalDep
+) -> WebhookEndpointObject:
+    return await uow.run(webhook_endpoints.get_endpoint, _scope(principal), webhook_endpoint_id)
+
+
+@router.post(
+    "/webhook_endpoints/{webhook_endpoint_id}",
+    operation_id="updateWebhookEndpoint",
+    openapi_extra=json_body_openapi(UpdateWebhookEndpointRequest),
+)
+async def update_endpoint(
+    webhook_endpoint_id: str,
+    request: Request,
+    uow: UnitOfWorkDep,
+    settings: SettingsDep,
+    principal: PrincipalDep,
+) -> WebhookEndpointObject:
+    params = await read_json(request, UpdateWebhookEndpointRequest)
+    return await uow.run(
+        webhook_endpoints.update_endpoint, settings, _scope(principal), webhook_endpoint_id, params
+    )
+
+
+@router.delete("/webhook_endpoints/{webhook_endpoint_id}", operation_id="deleteWebhookEndpoint")
+async def delete_endpoint(
+    webhook_endpoint_id: str, uow: UnitOfWorkDep, principal: PrincipalDep
+) -> DeletedWebhookEndpoint:
+    deleted = await uow.run(
+        webhook_endpoints.delete_endpoint, _scope(principal), webhook_endpoint_id
+    )
+    return DeletedWebhookEndpoint(id=deleted)
+
+
+@router.post(
+    "/webhook_endpoints/{webhook_endpoint_id}/rotate_secret",
+    operation_id="rotateWebhookEndpointSecret",
+    openapi_extra=json_body_openapi(RotateSecretRequest),
+)
+async def rotate_secret(
+    webhook_endpoint_id: str, request: Request, uow: UnitOfWorkDep, principal: PrincipalDep
+) -> WebhookEndpointWithSecret:
+    params = await read_json(request, RotateSecretRequest)
+    return await uow.run(
+        webhook_endpoints.rotate_secret,
+        _scope(principal),
+        webhook_endpoint_id,
+        params.keep_old_secret_active_for_24_hours,
+    )
+
+
+@router.post(
+    "/webhook_endpoints/{webhook_endpoint_id}/test",
+    operation_id="testWebhookEndpoint",
+    openapi_extra=json_body_openapi(TestWebhookEndpointRequest),
+)
+async def test_endpoint(
+    webhook_endpoint_id: str,
+    request: Request,
+    uow: UnitOfWorkDep,
+    settings: SettingsDep,
+    principal: PrincipalDep,
+) -> WebhookEndpointTestResult:
+    """Sends a sample event now (its `data.id` is `batch_test`) and says what the URL answered."""
+    params = await read_json(request, TestWebhookEndpointRequest)
+    test = await uow.run(
+        webhook_delivery.prepare_test, _scope(principal), webhook_endpoint_id, params.event_type
+    )
+    attempt = await asyncio.to_thread(webhook_delivery.send, settings, test.due)
+    result = await uow.run(webhook_delivery.record_test, test, attempt)
+    if result is None:
+        raise webhook_delivery.unreachable(attempt)
+    return result
+
+
+@router.get(
+    "/webhook_endpoints/{webhook_endpoint_id}/deliveries", operation_id="listWebhookDeliveries"
+)
+async def list_deliveries(
+    webhook_endpoint_id: str,
+    uow: UnitOfWorkDep,
+    principal: PrincipalDep,
+    after: str | None = None,
+    limit: Annotated[int, Query()] = webhook_endpoints.DEFAULT_LIST_LIMIT,
+) -> ListObject[WebhookDeliveryObject]:
+    """Ours: the endpoint's deliveries, newest first, with their latest attempt."""
+    return await uow.run(
+        webhook_endpoints.list_deliveries, _scope(principal), webhook_endpoint_id, after, limit
+    )

@@ -1,0 +1,374 @@
+"""Webhooks as OpenAI sends them: the SDK's `unwrap` verifies every delivery from a real
+receiver on loopback; the outbox loses nothing to a failing, hanging or killed party."""
+
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from openai.types.webhooks import (
+    BatchCancelledWebhookEvent,
+    BatchCompletedWebhookEvent,
+    BatchExpiredWebhookEvent,
+    BatchFailedWebhookEvent,
+)
+
+from app.config import Settings
+from app.db.session import session_scope, upgrade
+from app.schemas.batches import CreateBatchRequest
+from app.schemas.webhooks import CreateWebhookEndpointRequest
+from app.services import batches, webhook_endpoints
+from app.services.auth import DEFAULT_PROJECT, create_key, ensure_project
+from app.services.webhook_targets import TargetRefused, pin
+from tests import batch_sim as sim
+from tests.harness import free_port, running_server
+
+ALL_EVENTS = ["batch.completed", "batch.failed", "batch.expired", "batch.cancelled"]
+
+
+@dataclass
+class Received:
+    headers: dict[str, str]
+    body: bytes
+    at: float
+
+
+@dataclass
+class Receiver:
+    """A real HTTP server on loopback. `answer(n)` says what the n-th request (1-based) gets:
+    a status code, or a number of seconds to hang before answering 200."""
+
+    answer: Callable[[int], int | float] = lambda _n: 200
+    received: list[Received] = field(default_factory=list)
+    url: str = ""
+
+    def wait_for(self, count: int, timeout: float = 30) -> list[Received]:
+        deadline = time.monotonic() + timeout
+        while len(self.received) < count:
+            assert time.monotonic() < deadline, f"{len(self.received)} of {count} deliveries"
+            time.sleep(0.05)
+        return self.received
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    state = Receiver()
+    lock = threading.Lock()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["content-length"]))
+            with lock:
+                state.received.append(Received(dict(self.headers), body, time.time()))
+                answer = state.answer(len(state.received))
+            if isinstance(answer, float):
+                time.sleep(answer)
+                answer = 200
+            self.send_response(answer)
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, *_args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    state.url = f"http://127.0.0.1:{server.server_address[1]}/hook"
+    try:
+        yield state
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def fast(settings: Settings) -> Settings:
+    """A deployment that may call loopback receivers, and retries within a test's time."""
+    return settings.model_copy(
+        update={
+            "webhook_allow_private": True,
+            "webhook_timeout_seconds": 1.0,
+            "webhook_retry_seconds": 0.2,
+            "housekeeping_interval_seconds": 0.2,
+            "lease_seconds": 2.0,
+            "completion_windows": {"24h": 86400, "2s": 2},
+            "shard_lines": 5,
+        }
+    )
+
+
+def sdk(base_url: str, api_key: str = "sk-test") -> openai.OpenAI:
+    return openai.OpenAI(
+        base_url=base_url, api_key=api_key, max_retries=0, _strict_response_validation=True
+    )
+
+
+def unwrap(secret: str, delivery: Received) -> Any:
+    return sdk("http://unused").webhooks.unwrap(delivery.body, delivery.headers, secret=secret)
+
+
+def create_batch(settings: Settings, data: bytes, window: str = "24h") -> str:
+    file_id = sim.store_input_file(settings, data)
+    with session_scope(settings) as session:
+        project_id = ensure_project(session, DEFAULT_PROJECT).id
+        params = CreateBatchRequest(
+            input_file_id=file_id, endpoint=sim.CHAT, completion_window=window
+        )
+        return batches.create_batch(session, settings, project_id, params).id
+
+
+def wait_status(settings: Settings, batch_id: str, *statuses: str, timeout: float = 30) -> str:
+    deadline = time.monotonic() + timeout
+    while (status := sim.load_batch(settings, batch_id).status) not in statuses:
+        assert time.monotonic() < deadline, f"{batch_id} still {status}"
+        time.sleep(0.05)
+    return status
+
+
+def test_each_terminal_state_sends_its_event_once_and_the_sdk_verifies_it(
+    fast: Settings, receiver: Receiver
+) -> None:
+    with running_server(fast) as server:
+        client = sdk(server.base_url)
+        endpoint = client.webhooks.create(name="ci", url=receiver.url, event_types=ALL_EVENTS)
+        assert endpoint.signing_secret.startswith("whsec_")
+
+        failed = create_batch(fast, b"not json\n")
+        expired = create_batch(fast, sim.requests_file(3), window="2s")
+        cancelled = create_batch(fast, sim.requests_file(3))
+        completed = create_batch(fast, sim.requests_file(7))
+        wait_status(fast, cancelled, "in_progress")
+        client.batches.cancel(cancelled)
+        wait_status(fast, completed, "in_progress")
+        sim.run_batch(fast, completed)
+        for batch_id in (failed, expired, cancelled, completed):
+            wait_status(fast, batch_id, "failed", "expired", "cancelled", "completed")
+
+        deliveries = receiver.wait_for(4)
+        time.sleep(1.0)  # time for a duplicate to arrive, were one sent
+        assert len(receiver.received) == 4
+        events = {
+            event.data.id: event
+            for event in (unwrap(endpoint.signing_secret, d) for d in deliveries)
+        }
+        assert isinstance(events[failed], BatchFailedWebhookEvent)
+        assert isinstance(events[expired], BatchExpiredWebhookEvent)
+        assert isinstance(events[cancelled], BatchCancelledWebhookEvent)
+        assert isinstance(events[completed], BatchCompletedWebhookEvent)
+        for batch_id, event in events.items():
+            batch = client.batches.retrieve(batch_id)
+            assert event.type == f"batch.{batch.status}"
+            assert event.object == "event" and event.id.startswith("evt_")
+            assert event.created_at == getattr(batch, f"{batch.status}_at")
+
+        tampered = Received(
+            deliveries[0].headers, deliveries[0].body.replace(b"batch_", b"batch_x"), 0
+        )
+        with pytest.raises(openai.InvalidWebhookSignatureError):
+            unwrap(endpoint.signing_secret, tampered)
+        with pytest.raises(openai.InvalidWebhookSignatureError):
+            unwrap(client.webhooks.rotate_secret(endpoint.id).signing_secret, deliveries[0])
+
+        listed = client.get(
+            f"/webhook_endpoints/{endpoint.id}/deliveries", cast_to=httpx.Response
+        ).json()["data"]
+        assert {d["status"] for d in listed} == {"delivered"}
+        assert {d["attempts"] for d in listed} == {1}
+        assert all(d["latency_ms"] > 0 and d["last_status_code"] == 200 for d in listed)
+
+
+def test_only_subscribed_enabled_endpoints_get_an_event(fast: Settings, receiver: Receiver) -> None:
+    with running_server(fast) as server:
+        client = sdk(server.base_url)
+        only_completed = client.webhooks.create(
+            name="c", url=receiver.url, event_types=["batch.completed"]
+        )
+        disabled = client.webhooks.create(name="d", url=receiver.url, event_types=ALL_EVENTS)
+        client.webhooks.update(disabled.id, extra_body={"enabled": False})
+        wait_status(fast, create_batch(fast, b"not json\n"), "failed")
+        completed = create_batch(fast, sim.requests_file(2))
+        wait_status(fast, completed, "in_progress")
+        sim.run_batch(fast, completed)
+        (delivery,) = receiver.wait_for(1)
+        time.sleep(1.0)
+        assert len(receiver.received) == 1
+        event = unwrap(only_completed.signing_secret, delivery)
+        assert (event.type, event.data.id) == ("batch.completed", completed)
+
+
+def test_a_failing_then_hanging_receiver_gets_it_with_the_same_webhook_id(
+    fast: Settings, receiver: Receiver
+) -> None:
+    # 500, 503, then a hang past the 1 s timeout, then accepted.
+    receiver.answer = lambda n: {1: 500, 2: 503, 3: 3.0}.get(n, 200)
+    with running_server(fast) as server:
+        client = sdk(server.base_url)
+        endpoint = client.webhooks.create(name="r", url=receiver.url, event_types=ALL_EVENTS)
+        wait_status(fast, create_batch(fast, b"{}\n"), "failed")
+        attempts = receiver.wait_for(4, timeout=60)
+        time.sleep(0.5)
+        assert len(receiver.received) == 4
+        assert len({a.headers["webhook-id"] for a in attempts}) == 1
+        assert len({a.body for a in attempts}) == 1
+        gaps = [b.at - a.at for a, b in itertools.pairwise(attempts)]
+        assert gaps[1] > gaps[0] * 1.5  # backoff doubles
+        assert unwrap(endpoint.signing_secret, attempts[-1]).type == "batch.failed"
+        deadline = time.monotonic() + 10
+        while True:
+            (row,) = client.get(
+                f"/webhook_endpoints/{endpoint.id}/deliveries", cast_to=httpx.Response
+            ).json()["data"]
+            if row["status"] == "delivered" or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert (row["status"], row["attempts"], row["last_status_code"]) == ("delivered", 4, 200)
+        assert row["id"] == attempts[0].headers["webhook-id"]
+
+
+def test_a_delivery_survives_a_sigkilled_deliverer_and_a_restart(
+    fast: Settings, receiver: Receiver
+) -> None:
+    # The first attempt hangs until the API process is killed; the restarted one delivers.
+    receiver.answer = lambda n: 20.0 if n == 1 else 200
+    upgrade(fast.sqlalchemy_url)
+    with session_scope(fast) as session:
+        project_id = ensure_project(session, DEFAULT_PROJECT).id
+        endpoint = webhook_endpoints.create_endpoint(
+            session,
+            fast,
+            project_id,
+            CreateWebhookEndpointRequest(name="k", url=receiver.url, event_types=ALL_EVENTS),
+        )
+    batch_id = create_batch(fast, b"not json\n")
+    env = {
+        **os.environ,
+        "OVERNIGHT_DATA_DIR": str(fast.data_dir),
+        "OVERNIGHT_DATABASE_URL": fast.sqlalchemy_url,
+        "OVERNIGHT_WEBHOOK_ALLOW_PRIVATE": "1",
+        # The attempt is killed well inside its 2 s timeout; its lease (4 x 2 + 1 s) lapses.
+        "OVERNIGHT_WEBHOOK_TIMEOUT_SECONDS": "2",
+        "OVERNIGHT_LEASE_SECONDS": "1",
+        "OVERNIGHT_HOUSEKEEPING_INTERVAL_SECONDS": "0.2",
+        "OVERNIGHT_LOG_FORMAT": "text",
+    }
+
+    def serve() -> subprocess.Popen[bytes]:
+        command = [sys.executable, "-m", "app.cli", "serve", "--port", str(free_port())]
+        return subprocess.Popen(
+            [*command, "--no-workers"],
+            env=env,
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    first = serve()
+    try:
+        receiver.wait_for(1, timeout=60)
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait(10)
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+    second = serve()
+    try:
+        attempts = receiver.wait_for(2, timeout=60)
+    finally:
+        os.killpg(second.pid, signal.SIGTERM)
+        second.wait(30)
+    assert attempts[0].headers["webhook-id"] == attempts[1].headers["webhook-id"]
+    event = unwrap(endpoint.signing_secret, attempts[1])
+    assert (event.type, event.data.id) == ("batch.failed", batch_id)
+
+
+def test_endpoints_are_per_project_and_urls_must_be_public(settings: Settings) -> None:
+    upgrade(settings.sqlalchemy_url)
+    with session_scope(settings) as session:
+        _key, alice = create_key(session, "alice")
+        _key, bob = create_key(session, "bob")
+        _key, admin = create_key(session, "ops", role="admin")
+    with running_server(settings) as server:
+        with pytest.raises(openai.BadRequestError, match="loopback or private") as refused:
+            sdk(server.base_url, alice).webhooks.create(
+                name="a", url="http://127.0.0.1:9/x", event_types=ALL_EVENTS
+            )
+        assert refused.value.code == "invalid_url"
+        with pytest.raises(openai.BadRequestError, match="http:// or https://"):
+            sdk(server.base_url, alice).webhooks.create(
+                name="a", url="ftp://example.com/x", event_types=ALL_EVENTS
+            )
+        created = sdk(server.base_url, alice).webhooks.create(
+            name="a", url="https://93.184.216.34/hook", event_types=["batch.completed"]
+        )
+        with pytest.raises(openai.NotFoundError):
+            sdk(server.base_url, bob).webhooks.retrieve(created.id)
+        assert sdk(server.base_url, bob).webhooks.list().data == []
+        ops = sdk(server.base_url, admin)
+        assert [e.id for e in ops.webhooks.list().data] == [created.id]
+        updated = ops.webhooks.update(
+            created.id, name="renamed", event_types=["batch.failed", "batch.expired"]
+        )
+        assert (updated.name, updated.event_types) == ("renamed", ["batch.expired", "batch.failed"])
+        assert updated.signing_secret_hint == f"whsec_…{created.signing_secret[-4:]}"
+        assert sdk(server.base_url, alice).webhooks.delete(created.id).deleted is True
+        with pytest.raises(openai.NotFoundError):
+            ops.webhooks.retrieve(created.id)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://10.0.0.8/",
+        "http://169.254.169.254/latest",
+        "http://[::1]:8080/",
+        "http://localhost/",
+    ],
+)
+def test_private_targets_are_refused_at_delivery_too(url: str) -> None:
+    with pytest.raises(TargetRefused, match="loopback or private"):
+        pin(url, allow_private=False)
+    assert pin(url, allow_private=True).url.startswith("http://")
+
+
+def test_a_pinned_target_keeps_its_host_for_the_header() -> None:
+    target = pin("https://93.184.216.34:8443/a?b=1", allow_private=False)
+    assert (target.url, target.host_header) == (
+        "https://93.184.216.34:8443/a?b=1",
+        "93.184.216.34:8443",
+    )
+    local = pin("http://localhost:9/h", allow_private=True)
+    assert local.host_header == "localhost:9" and local.url.endswith(":9/h")
+
+
+def test_send_test_event(fast: Settings, receiver: Receiver) -> None:
+    receiver.answer = lambda _n: 204
+    with running_server(fast) as server:
+        client = sdk(server.base_url)
+        endpoint = client.webhooks.create(name="t", url=receiver.url, event_types=ALL_EVENTS)
+        result = client.webhooks.test(endpoint.id, event_type="batch.expired")
+        assert (result.status_code, result.event_type) == (204, "batch.expired")
+        event = unwrap(endpoint.signing_secret, receiver.received[0])
+        assert isinstance(event, BatchExpiredWebhookEvent) and event.data.id == "batch_test"
+        client.webhooks.update(endpoint.id, url="http://127.0.0.1:1/nobody-listens")
+        with pytest.raises(openai.BadRequestError, match="could not be delivered") as down:
+            client.webhooks.test(endpoint.id, event_type="batch.completed")
+        assert down.value.code == "webhook_unreachable"
+        rows = client.get(
+            f"/webhook_endpoints/{endpoint.id}/deliveries", cast_to=httpx.Response
+        ).json()["data"]
+        assert [(r["event_type"], r["status"]) for r in rows] == [
+            ("batch.completed", "failed"),
+            ("batch.expired", "delivered"),
+        ]
+        assert "ConnectError" in rows[0]["last_error"]
