@@ -2,6 +2,7 @@
 receiver on loopback; the outbox loses nothing to a failing, hanging or killed party."""
 
 import itertools
+import json
 import os
 import signal
 import subprocess
@@ -23,6 +24,7 @@ from openai.types.webhooks import (
     BatchFailedWebhookEvent,
 )
 
+from app.cli import main
 from app.config import Settings
 from app.db.session import session_scope, upgrade
 from app.schemas.batches import CreateBatchRequest
@@ -372,3 +374,38 @@ def test_send_test_event(fast: Settings, receiver: Receiver) -> None:
             ("batch.expired", "delivered"),
         ]
         assert "ConnectError" in rows[0]["last_error"]
+
+
+def test_the_cli_manages_endpoints(
+    fast: Settings, receiver: Receiver, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with running_server(fast) as server:
+
+        def overnight(*args: str) -> tuple[int, str, str]:
+            code = main([*args, "--base-url", server.base_url, "--api-key", "sk-test"])
+            out = capsys.readouterr()
+            return code, out.out, out.err
+
+        code, secret, err = overnight("webhooks", "create", receiver.url, "--name", "nightly")
+        assert code == 0 and secret.strip().startswith("whsec_")
+        endpoint_id = err.split(":")[0]
+        code, listed, _ = overnight("webhooks", "list", "--json")
+        (row,) = json.loads(listed)
+        assert (row["id"], row["name"], row["event_types"]) == (
+            endpoint_id,
+            "nightly",
+            sorted(ALL_EVENTS),
+        )
+        code, out, _ = overnight("webhooks", "test", endpoint_id, "--event", "batch.failed")
+        assert (code, out.strip()) == (0, f"batch.failed sent to {endpoint_id}: HTTP 200")
+        assert unwrap(secret.strip(), receiver.received[0]).type == "batch.failed"
+        code, out, _ = overnight("webhooks", "deliveries", endpoint_id)
+        assert code == 0 and "batch.failed" in out and "delivered" in out
+        code, out, _ = overnight("webhooks", "update", endpoint_id, "--enabled", "no")
+        assert code == 0 and json.loads(out)["enabled"] is False
+        code, rotated, _ = overnight("webhooks", "rotate-secret", endpoint_id)
+        assert code == 0 and rotated.strip() != secret.strip()
+        code, _, err = overnight("webhooks", "create", "ftp://example.com/")
+        assert code == 1 and "http:// or https://" in err
+        code, out, _ = overnight("webhooks", "rm", endpoint_id)
+        assert (code, out.strip()) == (0, f"{endpoint_id} deleted")

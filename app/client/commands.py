@@ -3,7 +3,7 @@
 import argparse
 from typing import Any
 
-from app.client import batches, files, keys
+from app.client import batches, files, keys, webhooks
 from app.client.connection import Command, add_connection_args, reports_errors
 from app.core.states import BatchStatus
 from app.services.auth import DEFAULT_PROJECT
@@ -87,8 +87,38 @@ def _keys(sub: Any) -> None:
     p.add_argument("--data-dir", dest="data_dir", help="local mode: the deployment's data dir")
 
 
+def _webhooks(sub: Any) -> None:
+    group = sub.add_parser(
+        "webhooks", help="endpoints that get a signed event when a batch ends"
+    ).add_subparsers(dest="webhooks_command", required=True)
+    events: dict[str, Any] = {"nargs": "+", "choices": webhooks.ALL_EVENTS, "metavar": "EVENT"}
+    p = _command(group, "create", webhooks.cmd_create, "add an endpoint; prints its secret once")
+    p.add_argument("url", help="http(s) URL of the receiver")
+    p.add_argument("--name", help="default: the URL")
+    p.add_argument("--events", **events, help="default: all four batch.* events")
+    _command(group, "list", webhooks.cmd_list, "this project's endpoints", json=True)
+    p = _command(group, "update", webhooks.cmd_update, "change an endpoint's URL, events, state")
+    p.add_argument("endpoint_id")
+    p.add_argument("--url")
+    p.add_argument("--name")
+    p.add_argument("--events", **events)
+    p.add_argument("--enabled", choices=["yes", "no"])
+    p = _command(group, "rm", webhooks.cmd_rm, "delete endpoints")
+    p.add_argument("endpoint_ids", nargs="+", metavar="ENDPOINT_ID")
+    p = _command(group, "rotate-secret", webhooks.cmd_rotate_secret, "new signing secret")
+    p.add_argument("endpoint_id")
+    p.add_argument("--keep-old", action="store_true", help="sign with both for 24 hours")
+    p = _command(group, "test", webhooks.cmd_test, "send a sample event now")
+    p.add_argument("endpoint_id")
+    p.add_argument("--event", choices=webhooks.ALL_EVENTS, default="batch.completed")
+    p = _command(group, "deliveries", webhooks.cmd_deliveries, "recent deliveries", json=True)
+    p.add_argument("endpoint_id")
+    p.add_argument("--limit", type=int, default=20)
+
+
 def register(sub: Any) -> None:
-    """Adds `batches`, `files` and `keys` to the `overnight` subparsers."""
+    """Adds `batches`, `files`, `keys` and `webhooks` to the `overnight` subparsers."""
     _batches(sub)
     _files(sub)
     _keys(sub)
+    _webhooks(sub)
