@@ -58,6 +58,7 @@ class DatabaseCollector(Collector):
         )
         tokens.add_metric(["prompt"], totals.input_tokens)
         tokens.add_metric(["generated"], totals.output_tokens)
+        tokens.add_metric(["cached"], totals.cached_tokens)  # prompt tokens the prefix cache had
         yield tokens
         yield from _worker_metrics(workers)
 

@@ -100,6 +100,8 @@ def test_metrics_follow_batches_and_workers(
     assert usage is not None
     assert now[("overnight_tokens_total", (("kind", "prompt"),))] == usage.input_tokens
     assert now[("overnight_tokens_total", (("kind", "generated"),))] == usage.output_tokens
+    cached = usage.input_tokens_details.cached_tokens
+    assert cached > 0 and now[("overnight_tokens_total", (("kind", "cached"),))] == cached
     worker = (("model", batch_sim.MODEL), ("worker", "w-1"))
     assert now[("overnight_worker_tokens_per_second", worker)] == 42.5
     assert now[("overnight_worker_busy", worker)] == 1

@@ -23,6 +23,7 @@ from sqlalchemy import update
 from app.db.models import Batch
 from app.db.session import session_scope
 from tests.engine_fixtures import (
+    CHAT,
     ENGINE_ENV,
     MODEL,
     REPO,
@@ -174,6 +175,34 @@ def test_completions_batch(local: Deployment) -> None:
             and len(choice["logprobs"]["top_logprobs"]) == body["usage"]["completion_tokens"]
         )
         assert body["usage"]["completion_tokens"] <= 8
+
+
+def test_cached_tokens_of_a_shared_system_prompt(local: Deployment) -> None:
+    """vLLM's prefix cache serves the shared prompt; the batch's usage sums what it reports."""
+    system = " ".join(f"Rule {i}: answer briefly and politely." for i in range(80))
+    lines = [
+        line(
+            f"s-{i}",
+            CHAT,
+            {
+                "model": MODEL,
+                "messages": [
+                    {"role": "system", "content": system},
+                    {"role": "user", "content": f"Say the number {i}."},
+                ],
+                "max_tokens": 4,
+                "temperature": 0,
+            },
+        )
+        for i in range(12)
+    ]
+    with local.client() as client:
+        batch = wait_status(client, start_batch(client, jsonl(lines)), "completed", timeout=180)
+        bodies = [r["response"]["body"] for r in results(client, batch).values()]
+    per_line = [b["usage"]["prompt_tokens_details"]["cached_tokens"] for b in bodies]
+    assert batch.usage is not None
+    assert batch.usage.input_tokens_details.cached_tokens == sum(per_line) > 0
+    assert sum(per_line) <= batch.usage.input_tokens
 
 
 def test_valid_and_invalid_requests_mixed(local: Deployment) -> None:

@@ -1,4 +1,4 @@
-"""`overnight batches submit|list|show|cancel|download`."""
+"""`overnight batches submit|list|show|cancel|download|retry`."""
 
 import argparse
 import os
@@ -164,6 +164,16 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_cancel(args: argparse.Namespace) -> int:
     batch = client(args).batches.cancel(args.batch_id)
     print(f"{batch.id} {batch.status}")
+    return 0
+
+
+def cmd_retry(args: argparse.Namespace) -> int:
+    batch = client(args).post(
+        f"/batches/{args.batch_id}/retry", body={"all": args.all}, cast_to=openai.types.Batch
+    )
+    counts = batch.request_counts
+    total = f" ({counts.total} requests)" if counts and counts.total else ""
+    print(f"{batch.id} {batch.status}{total}, retrying {args.batch_id}")
     return 0
 
 

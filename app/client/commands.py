@@ -51,6 +51,13 @@ def _batches(sub: Any) -> None:
         if name == "download":
             p.add_argument("-o", "--output", help="default: BATCH_ID.output.jsonl")
             p.add_argument("--errors-output", help="default: BATCH_ID.errors.jsonl")
+    p = _command(
+        group, "retry", batches.cmd_retry, "a new batch of a finished batch's retryable failures"
+    )
+    p.add_argument("batch_id")
+    p.add_argument(
+        "--all", action="store_true", help="also requests the engine refused (4xx), not only 5xx"
+    )
 
 
 def _files(sub: Any) -> None:

@@ -2,7 +2,7 @@
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from app.core.states import BatchStatus
 from app.schemas.common import ExpiresAfter, RequestModel, inline_enum
@@ -17,6 +17,14 @@ class CreateBatchRequest(RequestModel):
     metadata: dict[str, str] | None = None
     # Expiry of the output and error files, anchored at their creation.
     output_expires_after: ExpiresAfter | None = None
+
+
+class RetryBatchRequest(RequestModel):
+    """Ours: `POST /v1/batches/{id}/retry`."""
+
+    all: bool = Field(
+        False, description="Also retry requests the engine refused (4xx), not only 5xx and unrun."
+    )
 
 
 class BatchError(BaseModel):

@@ -92,6 +92,7 @@ class Totals:
     failed: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
+    cached_tokens: int = 0
 
 
 def _live_worker_clause(lease_seconds: float, now: float) -> ColumnElement[bool]:
@@ -232,6 +233,7 @@ def totals(session: Session, lease_seconds: float) -> Totals:
             func.sum(Batch.failed),
             func.sum(Batch.input_tokens),
             func.sum(Batch.output_tokens),
+            func.sum(Batch.cached_tokens),
         ).where(Batch.status.in_(TERMINAL_BATCH_STATUSES))
     ).one()
     live = session.execute(
@@ -240,6 +242,7 @@ def totals(session: Session, lease_seconds: float) -> Totals:
             func.sum(Shard.failed),
             func.sum(Shard.input_tokens),
             func.sum(Shard.output_tokens),
+            func.sum(Shard.cached_tokens),
             func.sum(
                 # Lines still to run in shards that can still be run.
                 Shard.line_count - Shard.completed - Shard.failed
@@ -248,8 +251,8 @@ def totals(session: Session, lease_seconds: float) -> Totals:
         .join(Batch, Batch.id == Shard.batch_id)
         .where(Batch.status.not_in(TERMINAL_BATCH_STATUSES))
     ).one()
-    t.completed, t.failed, t.input_tokens, t.output_tokens = (
-        int(a or 0) + int(b or 0) for a, b in zip(done, live[:4], strict=True)
+    t.completed, t.failed, t.input_tokens, t.output_tokens, t.cached_tokens = (
+        int(a or 0) + int(b or 0) for a, b in zip(done, live[:5], strict=True)
     )
-    t.queued_requests = int(live[4] or 0)
+    t.queued_requests = int(live[5] or 0)
     return t

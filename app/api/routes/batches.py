@@ -1,18 +1,20 @@
-"""`/v1/batches`: create, retrieve, list and cancel, as OpenAI's Batch API.
+"""`/v1/batches`: create, retrieve, list and cancel, as OpenAI's Batch API; retry is ours.
 
 Each `uow.run` is one committed transaction.
 """
 
+import asyncio
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 
 from app.api.body import json_body_openapi, read_json
-from app.api.deps import PrincipalDep, SettingsDep, UnitOfWorkDep
-from app.schemas.batches import BatchObject, CreateBatchRequest
+from app.api.deps import PrincipalDep, SettingsDep, StorageDep, UnitOfWorkDep
+from app.schemas.batches import BatchObject, CreateBatchRequest, RetryBatchRequest
 from app.schemas.common import ListObject
-from app.services import batches
+from app.services import batch_retry, batches
 from app.services.housekeeping import FINALIZATION, VALIDATION, wake
+from app.storage.base import deleted_on_error
 
 router = APIRouter(tags=["batches"])
 
@@ -51,4 +53,30 @@ async def cancel_batch(
     batch = await uow.run(batches.cancel_batch, principal.project_id, batch_id)
     # With no worker holding a shard, the batch ends `cancelled` at once.
     wake(settings, FINALIZATION)
+    return batch
+
+
+@router.post(
+    "/batches/{batch_id}/retry",
+    response_model=BatchObject,
+    operation_id="retryBatch",
+    openapi_extra=json_body_openapi(RetryBatchRequest),
+)
+async def retry_batch(
+    batch_id: str,
+    request: Request,
+    uow: UnitOfWorkDep,
+    settings: SettingsDep,
+    storage: StorageDep,
+    principal: PrincipalDep,
+) -> BatchObject:
+    """Ours: a new batch of this finished batch's requests that failed in a way a retry can
+    change (never run, or 5xx; with `all`, every failed one). Its metadata has `retry_of`."""
+    params = await read_json(request, RetryBatchRequest)
+    scope = None if principal.is_admin else principal.project_id
+    plan = await uow.run(batch_retry.plan_retry, scope, batch_id)
+    written = await asyncio.to_thread(batch_retry.write_retry_input, storage, plan, params.all)
+    with deleted_on_error(storage, written.stored.key):
+        batch = await uow.run(batch_retry.create_retry, settings, plan, written)
+    wake(settings, VALIDATION)
     return batch
