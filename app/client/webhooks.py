@@ -17,7 +17,7 @@ ALL_EVENTS: list[Any] = [str(event) for event in WebhookEventType]
 
 def _print_secret(endpoint: Any) -> None:
     output.errors.print(
-        f"{endpoint.id}: store this signing secret now, it is not shown again:", markup=False
+        f"{endpoint.id}: its signing secret, shown once:", markup=False, soft_wrap=True
     )
     print(endpoint.signing_secret)
 
