@@ -16,6 +16,7 @@ import pytest
 from playwright.sync_api import Browser, Dialog, Page, expect, sync_playwright
 
 from app.config import Settings
+from tests import batch_sim
 from tests.engine_fixtures import chat_line, jsonl, start_batch, wait_status
 from tests.fake_engine import FakeEngine, ThreadedWorker, fast
 from tests.harness import RunningServer, running_server
@@ -257,4 +258,31 @@ def test_workers_files_and_keys_pages(
     page.fill("input[name=project]", " ")
     page.click("form[data-create-key] button[type=submit]")
     expect(page.locator("#flash")).to_contain_text("project")
+    assert alerts.alerts == []
+
+
+def test_retry_from_the_batch_page(
+    browser: Browser, server: RunningServer, sdk: openai.OpenAI, backend: str
+) -> None:
+    """A cancelled batch's unrun requests become a new batch that links to the original."""
+    batch_id = start_batch(sdk, jsonl([chat_line(f"r-{i}") for i in range(12)]))
+    wait_status(sdk, batch_id, "in_progress")
+    claim = batch_sim.claim_shard(server.settings, "browser-sim", batch_id)
+    assert claim is not None
+    batch_sim.run_shard(server.settings, claim)  # the first 6 run; the rest never do
+    sdk.batches.cancel(batch_id)
+    wait_status(sdk, batch_id, "cancelled")
+
+    page, alerts = open_page(browser, server)
+    log_in(page, server, f"/dashboard/batches/{batch_id}")
+    expect(page.locator("[data-action=cancel]")).to_be_hidden()
+    page.click("[data-action=retry]")  # confirm() is accepted by Alerts
+    expect(page).not_to_have_url(f"{server.url}/dashboard/batches/{batch_id}")
+    retry_id = page.locator("h1").inner_text()
+    assert retry_id.startswith("batch_") and retry_id != batch_id
+    expect(page.locator('[data-list="metadata"]')).to_contain_text(batch_id)
+    retry = wait_status(sdk, retry_id, "in_progress")
+    assert retry.metadata == {"retry_of": batch_id}
+    assert retry.request_counts is not None and retry.request_counts.total == 6
+    shot(page, f"batch-retry-{backend}")
     assert alerts.alerts == []

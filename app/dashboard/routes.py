@@ -20,6 +20,7 @@ from jinja2 import Environment, FileSystemLoader
 
 from app.api.body import read_json
 from app.api.deps import AccessDep, SettingsDep, StorageDep, UnitOfWorkDep
+from app.api.routes.batches import run_retry
 from app.api.unit_of_work import UnitOfWork
 from app.core.states import BatchStatus
 from app.dashboard import content, views
@@ -220,6 +221,19 @@ async def cancel(
     batch = await uow.run(batches.cancel_any_batch, batch_id)
     wake(settings, FINALIZATION)  # with no worker holding a shard, it ends `cancelled` at once
     return {"id": batch.id, "status": batch.status}
+
+
+@router.post("/api/batches/{batch_id}/retry")
+async def retry(
+    batch_id: str,
+    _login: ApiLogin,
+    uow: UnitOfWorkDep,
+    settings: SettingsDep,
+    storage: StorageDep,
+) -> dict[str, str]:
+    """A new batch of the failures a retry can change; the page goes to it."""
+    batch = await run_retry(uow, settings, storage, None, batch_id, include_all=False)
+    return {"id": batch.id, "href": f"{COOKIE_PATH}/batches/{batch.id}"}
 
 
 @router.get("/api/workers")

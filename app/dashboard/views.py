@@ -109,6 +109,7 @@ def batch_detail(view: BatchView, files: dict[str, File], now: float) -> Row:
     ]
     detail["has_errors"] = bool(detail["errors"])
     detail["metadata"] = [{"key": k, "value": str(v)} for k, v in (b.metadata_ or {}).items()]
+    detail["retryable"] = b.status in TERMINAL_BATCH_STATUSES and b.error_file_id is not None
     for kind, file_id in (
         ("input", b.input_file_id),
         ("output", b.output_file_id),

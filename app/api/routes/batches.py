@@ -10,10 +10,13 @@ from fastapi import APIRouter, Query, Request
 
 from app.api.body import json_body_openapi, read_json
 from app.api.deps import PrincipalDep, SettingsDep, StorageDep, UnitOfWorkDep
+from app.api.unit_of_work import UnitOfWork
+from app.config import Settings
 from app.schemas.batches import BatchObject, CreateBatchRequest, RetryBatchRequest
 from app.schemas.common import ListObject
 from app.services import batch_retry, batches
 from app.services.housekeeping import FINALIZATION, VALIDATION, wake
+from app.storage import Storage
 from app.storage.base import deleted_on_error
 
 router = APIRouter(tags=["batches"])
@@ -74,8 +77,20 @@ async def retry_batch(
     change (never run, or 5xx; with `all`, every failed one). Its metadata has `retry_of`."""
     params = await read_json(request, RetryBatchRequest)
     scope = None if principal.is_admin else principal.project_id
-    plan = await uow.run(batch_retry.plan_retry, scope, batch_id)
-    written = await asyncio.to_thread(batch_retry.write_retry_input, storage, plan, params.all)
+    return await run_retry(uow, settings, storage, scope, batch_id, params.all)
+
+
+async def run_retry(
+    uow: UnitOfWork,
+    settings: Settings,
+    storage: Storage,
+    project_id: str | None,
+    batch_id: str,
+    include_all: bool,
+) -> BatchObject:
+    """The retry's three steps (the API's and the dashboard's): plan, write the input, create."""
+    plan = await uow.run(batch_retry.plan_retry, project_id, batch_id)
+    written = await asyncio.to_thread(batch_retry.write_retry_input, storage, plan, include_all)
     with deleted_on_error(storage, written.stored.key):
         batch = await uow.run(batch_retry.create_retry, settings, plan, written)
     wake(settings, VALIDATION)

@@ -122,7 +122,11 @@ async function act(button) {
   if (button.dataset.confirm && !window.confirm(button.dataset.confirm)) return;
   button.disabled = true;
   try {
-    await request(button.dataset.url, { method: "POST", headers: ACTION_HEADERS, body: "{}" });
+    const result = await request(button.dataset.url, { method: "POST", headers: ACTION_HEADERS, body: "{}" });
+    if (result && result.href) {
+      location.assign(result.href); // the action made a new object: show it
+      return;
+    }
     await refreshAll();
   } catch (e) {
     flash(e.message);
