@@ -364,3 +364,42 @@ def _check_limits(http: httpx.Client) -> None:
         headers=content_type(),
     )
     assert_error(huge, 413, message="Request body too large")
+
+
+def test_batch_file_without_extension_is_judged_by_its_content(
+    client: openai.OpenAI, http: httpx.Client, settings: Settings
+) -> None:
+    # The SDK sends raw bytes as a file named `upload` (openai-batch's CLI does that).
+    data = b'\xef\xbb\xbf  {"custom_id": "a"}\n'
+    raw = client.files.create(file=data, purpose="batch")
+    assert raw.filename == "upload" and raw.bytes == len(data)
+    # The purpose after the file: the content rule holds all the same.
+    late = http.post(
+        "/v1/files",
+        content=multipart(Part("file", jsonl(2), filename=b"requests"), Part("purpose", b"batch")),
+        headers=content_type(),
+    )
+    assert late.status_code == 200, late.text
+    refused = "Invalid file format for Batch API. Must be .jsonl"
+    for name, data in (("upload", b"a,b,c\n1,2,3\n"), ("upload", b""), ("a.txt", jsonl(1))):
+        with pytest.raises(openai.BadRequestError) as bad:
+            client.files.create(file=(name, data), purpose="batch")
+        assert bad.value.body == {
+            "message": refused,
+            "type": "invalid_request_error",
+            "param": None,
+            "code": None,
+        }
+    assert_error(
+        http.post(
+            "/v1/files",
+            content=multipart(Part("file", b"x,y\n", filename=b"data"), Part("purpose", b"batch")),
+            headers=content_type(),
+        ),
+        400,
+        message=refused,
+    )
+    # Other purposes never cared about the name.
+    assert client.files.create(file=b"a,b\n", purpose="user_data").filename == "upload"
+    with session_scope(settings) as session:
+        assert session.scalar(select(File.filename).where(File.id == raw.id)) == "upload"

@@ -6,6 +6,7 @@ open, `register_received` records them. The Uploads API reuses the limits and ch
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 from typing import Any
 
 from pydantic import ValidationError
@@ -31,6 +32,11 @@ def too_large(what: str, limit: int, param: str, code: str = "file_too_large") -
     )
 
 
+# Enough of a file's start to tell a JSONL batch file that came without a filename extension.
+HEAD_BYTES = 256
+_BOM = b"\xef\xbb\xbf"
+
+
 class LimitedWriter:
     """A storage writer that refuses (413) to grow past `limit` bytes, as soon as it would."""
 
@@ -39,6 +45,7 @@ class LimitedWriter:
         self._limit = limit
         self._too_large = too_large
         self._closed = False
+        self.head = b""
 
     @property
     def key(self) -> str:
@@ -51,6 +58,8 @@ class LimitedWriter:
     def write(self, data: bytes) -> None:
         if self._writer.bytes_written + len(data) > self._limit:
             raise self._too_large
+        if len(self.head) < HEAD_BYTES:
+            self.head += data[: HEAD_BYTES - len(self.head)]
         self._writer.write(data)
 
     def commit(self) -> StoredObject:
@@ -84,9 +93,20 @@ def check_filename(filename: str | None, param: str = "file") -> str:
     return filename
 
 
-def check_batch_filename(filename: str, param: str | None = None) -> None:
-    if not filename.lower().endswith(".jsonl"):
-        raise OpenAIError("Invalid file format for Batch API. Must be .jsonl", param=param)
+def check_batch_filename(
+    filename: str, param: str | None = None, head: bytes | None = None
+) -> None:
+    """OpenAI's rule: a `.jsonl` name. A name without an extension (the SDK names raw bytes
+    `upload`) passes too when `head`, the file's first bytes, opens a JSON object."""
+    if filename.lower().endswith(".jsonl"):
+        return
+    if head is not None and not PurePosixPath(filename).suffix and _opens_object(head):
+        return
+    raise OpenAIError("Invalid file format for Batch API. Must be .jsonl", param=param)
+
+
+def _opens_object(head: bytes) -> bool:
+    return head.removeprefix(_BOM).lstrip().startswith(b"{")
 
 
 class FileIntake:
@@ -108,7 +128,8 @@ class FileIntake:
         limit = self.settings.max_file_bytes
         refusal = too_large("File", limit, "file")
         if purpose == "batch":
-            check_batch_filename(self.filename)
+            if PurePosixPath(self.filename).suffix:  # else the content decides, once it is in
+                check_batch_filename(self.filename)
             limit, refusal = self.settings.max_batch_file_bytes, batch_file_too_large(self.settings)
         writer = self.storage.writer(file_storage_key(self.file_id))
         self.sink = LimitedWriter(writer, limit, refusal)
@@ -197,7 +218,7 @@ def receive(settings: Settings, intake: FileIntake, fields: Mapping[str, Any]) -
         if intake.sink is None or intake.filename is None:
             raise OpenAIError("Missing required parameter: 'file'.", param="file")
         if params.purpose == "batch":
-            check_batch_filename(intake.filename)
+            check_batch_filename(intake.filename, head=intake.sink.head)
             if intake.sink.bytes_written > settings.max_batch_file_bytes:
                 raise batch_file_too_large(settings)
         stored = intake.sink.commit()
