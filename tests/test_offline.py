@@ -19,11 +19,11 @@ import orjson
 import pytest
 from sqlalchemy import select
 
-from app import offline
 from app.cli import main
 from app.config import Settings
 from app.db.models import ResultChunk
 from app.db.session import session_scope
+from app.offline import progress, runner, state
 from app.services.jsonl import iter_lines
 from app.storage import storage_for
 from tests.engine_fixtures import ENGINE_ARGS, ENGINE_ENV, MODEL, chat_line, jsonl
@@ -116,11 +116,11 @@ def test_real_engine_from_url_to_url(
 
 
 def fake_worker(engine: FakeEngine) -> Callable[[Any, str, list[str]], Awaitable[None]]:
-    """Stands in for `offline._run_worker`: the real worker loop, a scripted engine."""
+    """Stands in for `runner._run_worker`: the real worker loop, a scripted engine."""
 
     async def run_worker(settings: Any, batch_id: str, engine_argv: list[str]) -> None:
         stop = asyncio.Event()
-        follow = asyncio.create_task(offline._follow(settings, batch_id, stop))
+        follow = asyncio.create_task(progress.follow(settings, batch_id, stop))
         await Worker(settings, engine, WorkerOptions(worker_id="offline-test")).run(stop)
         await follow
 
@@ -130,18 +130,18 @@ def fake_worker(engine: FakeEngine) -> Callable[[Any, str, list[str]], Awaitable
 # The first run, killed midway: the real worker loop with a slow scripted engine.
 CRASHING_RUN = """
 import sys
-from app import offline
 from app.cli import main
+from app.offline import runner
 from tests.fake_engine import FakeEngine
 from tests.test_offline import fake_worker
-offline._run_worker = fake_worker(FakeEngine(delay=0.2, max_num_seqs=1))
+runner._run_worker = fake_worker(FakeEngine(delay=0.2, max_num_seqs=1))
 sys.exit(main(sys.argv[1:]))
 """
 
 
 def persisted(work: Path) -> dict[str, str]:
     """custom_id -> batch_req id of every result recorded in the work directory."""
-    if not (work / offline.STATE_FILE).exists():
+    if not (work / state.STATE_FILE).exists():
         return {}  # the run has not created its database yet: do not create it for it
     settings = Settings(data_dir=work, _env_file=None)  # type: ignore[call-arg]
     storage = storage_for(str(settings.storage_dir))
@@ -172,8 +172,8 @@ def test_rerun_after_a_crash_resumes(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert 3 <= len(before) < 30 and not out.exists()
 
     engine = FakeEngine()
-    monkeypatch.setattr(offline, "_run_worker", fake_worker(engine))
-    assert main(args) == 0
+    monkeypatch.setattr(runner, "_run_worker", fake_worker(engine))
+    assert main([*args, "--keep-work-dir"]) == 0
     everything = lines_of(out.read_bytes())
     assert sorted(o["custom_id"] for o in everything) == sorted(f"r-{i}" for i in range(30))
     assert all(o["response"]["status_code"] == 200 for o in everything)
@@ -182,24 +182,28 @@ def test_rerun_after_a_crash_resumes(tmp_path: Path, monkeypatch: pytest.MonkeyP
     ran = {body["messages"][0]["content"].removeprefix("hello ") for body in engine.bodies()}
     assert not ran & set(before) and len(ran) == 30 - len(before)
 
-    # Once done, running it again only writes the results again.
-    monkeypatch.setattr(offline, "_run_worker", None)
+    # Once done, running it again only writes the results again; then the work dir goes.
+    monkeypatch.setattr(runner, "_run_worker", None)
     again = tmp_path / "again.jsonl"
     args[args.index(str(out))] = str(again)
     assert main(args) == 0
     assert again.read_bytes() == out.read_bytes()
+    assert not work.exists()
 
 
 def test_bad_input_is_reported_by_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     source = tmp_path / "bad.jsonl"
     good = chat_line("a")
-    source.write_bytes(jsonl([good, b"{not json", good]))
+    source.write_bytes(jsonl([good, b"{not json", b'{"method": "POST"}', good]))
     out = tmp_path / "out.jsonl"
-    code = main(["run-batch", "-i", str(source), "-o", str(out), "--work-dir", str(tmp_path / "w")])
+    work = tmp_path / "w"
+    code = main(["run-batch", "-i", str(source), "-o", str(out), "--work-dir", str(work)])
     assert code == 1
     err = capsys.readouterr().err
-    assert "line 2:" in err and "line 3:" in err  # unparseable, and a duplicate custom_id
+    assert "line 2:" in err and "line 3:" in err  # unparseable, and no custom_id
+    assert "line 4:" not in err  # a duplicate custom_id is vLLM's business: it runs both
     assert "Traceback" not in err and not out.exists()
+    assert (work / state.STATE_FILE).exists()  # kept after a failure
 
 
 def test_unreadable_input_and_a_reused_work_dir(
@@ -212,8 +216,9 @@ def test_unreadable_input_and_a_reused_work_dir(
     assert "answered 404" in capsys.readouterr().err
     empty = tmp_path / "empty.jsonl"
     empty.write_bytes(b"\n\n")
-    assert main(["run-batch", "-i", str(empty), "-o", out, "--work-dir", str(tmp_path / "w")]) == 1
-    assert "no requests" in capsys.readouterr().err
+    Path(out).write_bytes(b"stale")
+    assert main(["run-batch", "-i", str(empty), "-o", out, "--work-dir", str(tmp_path / "w")]) == 0
+    assert "no requests" in capsys.readouterr().err and Path(out).read_bytes() == b""
     one = tmp_path / "one.jsonl"
     one.write_bytes(jsonl([chat_line("a"), b"{oops"]))
     work = str(tmp_path / "w2")

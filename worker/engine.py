@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import orjson
 
 from app.core.progress import Usage, usage_of
-from app.endpoints import CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES
+from app.endpoints import CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, SUPPORTED
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,7 @@ class VllmEngine:
 
         route = self._routes.get(endpoint)
         if route is None:
-            return error_result(400, f"The model does not support the endpoint {endpoint}.", "url")
+            return _unrouted(endpoint, self.endpoints)
         for flag in ("stream", "background"):
             if body.get(flag):
                 return error_result(
@@ -177,6 +177,15 @@ class VllmEngine:
         ids = [self._running[r] for r in request_ids if r in self._running]
         if ids:
             await self.client.abort(ids)
+
+
+def _unrouted(url: str, served: list[str]) -> EngineResult:
+    if url in SUPPORTED:
+        return error_result(400, f"The model does not support the endpoint {url}.", "url")
+    # A line of `run-batch` may name any url (the service's validator refuses them).
+    return error_result(
+        400, f"URL {url} was used. Supported endpoints: {', '.join(served)}.", "url"
+    )
 
 
 def _validation_message(exc: Exception) -> str:

@@ -17,12 +17,14 @@ def finished_lines(storage: Storage, chunk_keys: list[str]) -> set[int]:
     }
 
 
-def read_requests(
-    storage: Storage, lease: ShardLease, skip: set[int]
-) -> Iterator[tuple[int, str, dict[str, object]]]:
-    """`(line number, custom_id, body)` of each request of the shard not in `skip`.
+Request = tuple[int, str, str, dict[str, object]]
 
-    The validator already checked every line, so they parse.
+
+def read_requests(storage: Storage, lease: ShardLease, skip: set[int]) -> Iterator[Request]:
+    """`(line number, custom_id, url, body)` of each request of the shard not in `skip`.
+
+    The validator already checked every line, so they parse. The url is the line's own: the
+    service's validator made it the batch's endpoint, `run-batch` lets each line choose.
     """
     for line, raw in iter_lines(
         storage, lease.input_key, lease.byte_start, lease.byte_end, lease.first_line
@@ -31,12 +33,11 @@ def read_requests(
             continue
         request = orjson.loads(raw)
         body = request.get("body")
-        yield line, str(request["custom_id"]), body if isinstance(body, dict) else {}
+        url = str(request.get("url", lease.endpoint))
+        yield line, str(request["custom_id"]), url, body if isinstance(body, dict) else {}
 
 
-def take(
-    lines: Iterator[tuple[int, str, dict[str, object]]], n: int
-) -> list[tuple[int, str, dict[str, object]]]:
+def take(lines: Iterator[Request], n: int) -> list[Request]:
     """The next `n` requests (fewer at the end); run it in a thread, storage reads block."""
     out = []
     for item in lines:

@@ -124,10 +124,10 @@ class ShardRun:
             batch = await asyncio.to_thread(reader.take, lines, READ_BATCH)
             if not batch:
                 break
-            for line, custom_id, body in batch:
+            for line, custom_id, url, body in batch:
                 if self._stop_deadline is not None:
                     return
-                job = Job(self, self.lease.batch_id, self.lease.endpoint, line, custom_id, body)
+                job = Job(self, self.lease.batch_id, url, line, custom_id, body)
                 self._outstanding += 1
                 try:
                     await self.scheduler.submit(job)

@@ -81,12 +81,17 @@ class Outcome:
 
 
 class LineChecker:
-    """Checks one request line against the batch; remembers custom_ids and the file's model."""
+    """Checks one request line against the batch; remembers custom_ids and the file's model.
 
-    def __init__(self, settings: Settings, endpoint: str) -> None:
+    `per_line` is vLLM's `run_batch` contract: only a line that is not a request fails the
+    file; a duplicate custom_id, another url or model is run, and answered, line by line.
+    """
+
+    def __init__(self, settings: Settings, endpoint: str, per_line: bool = False) -> None:
         self.settings = settings
         self.endpoint = endpoint
-        self.model: str | None = None
+        self.per_line = per_line
+        self.model: str | None = settings.models[0].name if per_line else None
         # custom_id digests, not the strings: memory stays small however long the ids are.
         self._seen: dict[bytes, int] = {}
         self._model_errors: dict[str, tuple[str, str] | None] = {}
@@ -121,6 +126,8 @@ class LineChecker:
         if (problem := _require(line_no, "custom_id", custom_id, str)) is not None:
             return problem
         assert isinstance(custom_id, str)
+        if self.per_line:
+            return _check_shape(line_no, request)
         if (problem := self._check_unique(line_no, custom_id)) is not None:
             return problem
         method = request.get("method")
@@ -201,6 +208,14 @@ class LineChecker:
         return None
 
 
+def _check_shape(line_no: int, request: dict[str, Any]) -> BatchError | None:
+    """What vLLM's `BatchRequestInput` requires of a line: strings and an object body."""
+    for param, kind in (("method", str), ("url", str), ("body", dict)):
+        if (problem := _require(line_no, param, request.get(param), kind)) is not None:
+            return problem
+    return None
+
+
 def _missing(line_no: int, param: str) -> BatchError:
     return _error(
         "missing_required_parameter", f"Missing required parameter: '{param}'.", line_no, param
@@ -227,10 +242,11 @@ def read_input(
     key: str,
     endpoint: str,
     heartbeat: Heartbeat | None = None,
+    per_line: bool = False,
 ) -> Outcome | None:
     """Streams the file once; None if the heartbeat says to stop (lease lost, batch cancelled)."""
     outcome = Outcome(size=storage.size(key))
-    checker = LineChecker(settings, endpoint)
+    checker = LineChecker(settings, endpoint, per_line)
     limit, shard_lines = settings.max_batch_requests, settings.shard_lines
     for line_no, offset, raw in _lines(storage, key):
         if outcome.total % _HEARTBEAT_CHECK_LINES == 0 and heartbeat and not heartbeat.beat():
@@ -301,7 +317,11 @@ def _input_file(session: Any, batch_id: str) -> InputFile | None:
 
 
 def validate(
-    settings: Settings, storage: Storage, lease: BatchLease, source: InputFile | None
+    settings: Settings,
+    storage: Storage,
+    lease: BatchLease,
+    source: InputFile | None,
+    per_line: bool = False,
 ) -> BatchStatus | None:
     """Validates one claimed batch and records the result: its new status, None if abandoned."""
     if lease.epoch > MAX_VALIDATION_ATTEMPTS:
@@ -325,6 +345,7 @@ def validate(
         source.storage_key,
         source.endpoint,
         Heartbeat(settings, lease, BatchStatus.VALIDATING),
+        per_line,
     )
     if outcome is None:
         batch_lease.release(settings, lease)
@@ -391,14 +412,19 @@ def _apply(session: Session, batch: Batch, outcome: Outcome) -> None:
     )
 
 
-def validate_pending(settings: Settings, owner: str, storage: Storage | None = None) -> int:
-    """Validates every claimable `validating` batch; returns how many were finished."""
+def validate_pending(
+    settings: Settings, owner: str, storage: Storage | None = None, per_line: bool = False
+) -> int:
+    """Validates every claimable `validating` batch; returns how many were finished.
+
+    `per_line`: `LineChecker`'s vLLM contract (`overnight run-batch`).
+    """
     storage = storage or storage_of(settings)
     done = 0
     while (claimed := claim_next(settings, owner)) is not None:
         lease, source = claimed
         try:
-            status = validate(settings, storage, lease, source)
+            status = validate(settings, storage, lease, source, per_line)
         except Exception:
             log.exception("validation of %s failed; another attempt follows", lease.batch_id)
             batch_lease.release(settings, lease)

@@ -1,0 +1,257 @@
+"""The run: a private deployment in the work directory, the service's pipeline, one file out."""
+
+import argparse
+import asyncio
+import hashlib
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+
+from app.config import CPU_KV_CACHE_GIB, ServedModel, Settings, get_settings
+from app.core.states import TERMINAL_BATCH_STATUSES, BatchStatus
+from app.db.session import session_scope, upgrade
+from app.endpoints import CHAT, SUPPORTED
+from app.errors import OpenAIError
+from app.offline.delivery import deliver, write_results
+from app.offline.errors import OfflineError
+from app.offline.progress import batch_row, follow
+from app.offline.source import INPUT_FILE_ID, is_url, store_input
+from app.offline.state import State, load_state, save_state
+from app.offline.takeover import take_over
+from app.schemas.batches import BatchObject, CreateBatchRequest
+from app.services import batches
+from app.services.auth import DEFAULT_PROJECT, ensure_project
+from app.services.files import create_file_from_storage, file_storage_key
+from app.services.jsonl import iter_lines
+from app.services.validation import validate_pending
+from app.storage import Storage, storage_for
+from worker.finalizer import finalize_ready_batches
+from worker.models import source_of, unavailable
+
+OWNER = "run-batch"
+
+
+@dataclass(frozen=True)
+class FirstLine:
+    """Where the first request goes and which model it names (validation checks every line)."""
+
+    url: str
+    model: str | None
+
+
+def default_work_dir(source: str) -> Path:
+    where = source if is_url(source) else str(Path(source).resolve())
+    return Path(".overnight-run-batch") / hashlib.sha256(where.encode()).hexdigest()[:16]
+
+
+def first_line(storage: Storage, key: str) -> FirstLine | None:
+    """None when the file has no request at all."""
+    for _line_no, raw in iter_lines(storage, key):
+        try:
+            data = orjson.loads(raw)
+            body = data.get("body")
+            model = body.get("model") if isinstance(body, dict) else None
+            return FirstLine(str(data.get("url")), model if isinstance(model, str) else None)
+        except (orjson.JSONDecodeError, AttributeError):
+            return FirstLine(CHAT, None)  # validation reports the line
+    return None
+
+
+def _flag(argv: list[str], name: str) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg == name and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def served_model(model: str | None, first: FirstLine, engine_argv: list[str]) -> ServedModel:
+    """The one model of the run, named as vLLM names it: `--served-model-name`, else
+    `--model`, else (ours) the input's first model. A bundled model's name is the bundle."""
+    loaded = model or first.model or "model"
+    name = _flag(engine_argv, "--served-model-name") or loaded
+    return ServedModel(name=name, endpoints=list(SUPPORTED), source=source_of(loaded))
+
+
+def offline_settings(work_dir: Path, served: ServedModel) -> Settings:
+    """A private deployment: no limits a single file could hit, one served model."""
+    return Settings(  # type: ignore[call-arg]
+        _env_file=None,
+        data_dir=work_dir,
+        database_url=None,
+        storage_url=None,  # the work directory, whatever the environment says
+        admin_key=None,
+        max_file_bytes=1 << 50,
+        max_batch_file_bytes=1 << 50,
+        max_batch_requests=1 << 40,
+        models=[served],
+    )
+
+
+def _share_converted_models(work_dir: Path) -> None:
+    """Bundled models are converted into the data directory's `models/`, once for every run,
+    not into each work directory (removed after success)."""
+    shared = get_settings().data_dir.resolve() / "models"
+    shared.mkdir(parents=True, exist_ok=True)
+    link = work_dir / "models"
+    if not link.is_symlink():
+        link.symlink_to(shared, target_is_directory=True)
+
+
+def _start_clean(work_dir: Path) -> Storage:
+    """No state: nothing was created, or a run died before recording it."""
+    for leftover in work_dir.glob("overnight.db*"):
+        leftover.unlink()
+    storage = storage_for(str(work_dir / "storage"))
+    for key in list(storage.list("")):
+        storage.delete(key)
+    return storage
+
+
+def start(
+    work_dir: Path, source: str, model: str | None, engine_argv: list[str]
+) -> tuple[Settings, State] | None:
+    """Stores the input once, creates the batch once; later runs reuse both.
+
+    None: the input has no request (vLLM's run_batch writes an empty output then).
+    """
+    storage = storage_for(str(work_dir / "storage"))
+    state = load_state(work_dir, source)
+    if state is not None:
+        first = first_line(storage, file_storage_key(state.file_id))
+        assert first is not None, "a recorded run has requests"
+        return offline_settings(work_dir, served_model(model, first, engine_argv)), state
+    storage = _start_clean(work_dir)
+    key, stored = store_input(storage, source)
+    first = first_line(storage, key)
+    if first is None:
+        return None
+    settings = offline_settings(work_dir, served_model(model, first, engine_argv))
+    upgrade(settings.sqlalchemy_url)
+    with session_scope(settings) as session:
+        project_id = ensure_project(session, DEFAULT_PROJECT).id
+        create_file_from_storage(
+            session,
+            project_id=project_id,
+            filename=Path(source.rstrip("/")).name or "input.jsonl",
+            purpose="batch",
+            stored=stored,
+            expires_at=None,
+            file_id=INPUT_FILE_ID,
+        )
+    # The batch's endpoint is nominal here: each line is run at its own url.
+    endpoint = first.url if first.url in SUPPORTED else CHAT
+    params = CreateBatchRequest(
+        input_file_id=INPUT_FILE_ID,
+        endpoint=endpoint,
+        completion_window="24h",
+    )
+    with session_scope(settings) as session:
+        try:
+            batch = batches.create_batch(session, settings, project_id, params)
+        except OpenAIError as exc:
+            raise OfflineError(exc.message) from None
+    state = State(input=source, file_id=INPUT_FILE_ID, batch_id=batch.id)
+    save_state(work_dir, state)
+    return settings, state
+
+
+async def _run_worker(settings: Settings, batch_id: str, engine_argv: list[str]) -> None:
+    from worker.cli import parse
+    from worker.engine import start_engine
+    from worker.loop import Worker, WorkerOptions, install_signal_handlers
+
+    args, settings = parse(engine_argv, settings)
+    stop = asyncio.Event()
+    install_signal_handlers(stop)
+    async with start_engine(args) as engine:
+        progress = asyncio.create_task(follow(settings, batch_id, stop))
+        await Worker(settings, engine, WorkerOptions(worker_id=OWNER)).run(stop)
+        await progress
+
+
+def run(settings: Settings, state: State, engine_argv: list[str]) -> BatchObject:
+    """Validates, runs and finalizes the batch (whatever of it is left)."""
+    take_over(settings, state.batch_id)
+    validate_pending(settings, OWNER, per_line=True)
+    if batch_row(settings, state.batch_id).status == BatchStatus.IN_PROGRESS:
+        try:
+            asyncio.run(_run_worker(settings, state.batch_id, engine_argv))
+        except Exception as exc:
+            if (reason := unavailable(exc, settings.models[0].source)) is None:
+                raise
+            raise OfflineError(str(reason)) from None
+    # The worker finalizes when it finishes a shard; this covers a batch already done.
+    finalize_ready_batches(settings, OWNER)
+    return batch_row(settings, state.batch_id)
+
+
+def _report_failure(batch: BatchObject) -> str:
+    lines = [f"the input is not a batch file ({batch.id}):"]
+    for error in batch.errors.data if batch.errors else []:
+        where = f"line {error.line}: " if error.line is not None else ""
+        lines.append(f"  {where}{error.message} [{error.code}]")
+    return "\n".join(lines)
+
+
+def _run_file(args: argparse.Namespace, engine_argv: list[str], work_dir: Path) -> str:
+    """Runs the file and writes its results; returns the summary line."""
+    started = time.monotonic()
+    _share_converted_models(work_dir)
+    begun = start(work_dir, args.input_file, args.model, engine_argv)
+    if begun is None:
+        deliver([], args.output_file)
+        if args.error_file:
+            deliver([], args.error_file)
+        return f"the input has no requests -> empty {args.output_file}"
+    settings, state = begun
+    argv = ["--model", settings.models[0].name, *engine_argv]
+    upgrade(settings.sqlalchemy_url)
+    batch = run(settings, state, argv)
+    if batch.status == BatchStatus.FAILED:
+        raise OfflineError(_report_failure(batch))
+    if batch.status not in TERMINAL_BATCH_STATUSES:
+        raise Interrupted(f"stopped with {batch.status} {batch.id}")
+    write_results(settings, batch, args.output_file, args.error_file, args.output_format)
+    counts = batch.request_counts
+    summary = (
+        f"{batch.status}: {counts.completed} succeeded, {counts.failed} failed "
+        f"of {counts.total} in {time.monotonic() - started:.0f} s -> {args.output_file}"
+        + (f" (errors: {args.error_file})" if args.error_file else "")
+    )
+    if batch.status != BatchStatus.COMPLETED:
+        raise OfflineError(summary)
+    return summary
+
+
+class Interrupted(Exception):
+    """The run stopped before the batch ended (a signal): rerun to resume."""
+
+
+def main(args: argparse.Namespace, engine_argv: list[str]) -> int:
+    """`overnight run-batch`; returns the exit code."""
+    # As under `serve`: a fixed KV cache, not 92% of the machine's memory (CPU engines).
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KV_CACHE_GIB)
+    work_dir = Path(args.work_dir) if args.work_dir else default_work_dir(args.input_file)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        summary = _run_file(args, engine_argv, work_dir)
+    except Interrupted as stopped:
+        print(
+            f"overnight: {stopped}; run the same command again to resume from {work_dir}",
+            file=sys.stderr,
+        )
+        return 130
+    except (OfflineError, OSError) as exc:
+        print(f"overnight: error: {exc}", file=sys.stderr)
+        return 1
+    if not args.keep_work_dir:
+        shutil.rmtree(work_dir, ignore_errors=True)
+    print(f"overnight: {summary}", file=sys.stderr)
+    return 0
