@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -115,16 +115,19 @@ def test_real_engine_from_url_to_url(
     assert error["response"]["body"]["error"]["message"]
 
 
-def fake_worker(engine: FakeEngine) -> Callable[[Any, str, list[str]], Awaitable[None]]:
-    """Stands in for `runner._run_worker`: the real worker loop, a scripted engine."""
+def fake_worker(engine: FakeEngine) -> Callable[[Any, str, list[str]], None]:
+    """Stands in for `runner.run_engine`: the real worker loop, a scripted engine."""
 
-    async def run_worker(settings: Any, batch_id: str, engine_argv: list[str]) -> None:
+    async def run_worker(settings: Any, batch_id: str) -> None:
         stop = asyncio.Event()
         follow = asyncio.create_task(progress.follow(settings, batch_id, stop))
         await Worker(settings, engine, WorkerOptions(worker_id="offline-test")).run(stop)
         await follow
 
-    return run_worker
+    def run_engine(settings: Any, batch_id: str, engine_argv: list[str]) -> None:
+        asyncio.run(run_worker(settings, batch_id))
+
+    return run_engine
 
 
 # The first run, killed midway: the real worker loop with a slow scripted engine.
@@ -134,7 +137,7 @@ from app.cli import main
 from app.offline import runner
 from tests.fake_engine import FakeEngine
 from tests.test_offline import fake_worker
-runner._run_worker = fake_worker(FakeEngine(delay=0.2, max_num_seqs=1))
+runner.run_engine = fake_worker(FakeEngine(delay=0.2, max_num_seqs=1))
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -172,7 +175,7 @@ def test_rerun_after_a_crash_resumes(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert 3 <= len(before) < 30 and not out.exists()
 
     engine = FakeEngine()
-    monkeypatch.setattr(runner, "_run_worker", fake_worker(engine))
+    monkeypatch.setattr(runner, "run_engine", fake_worker(engine))
     assert main([*args, "--keep-work-dir"]) == 0
     everything = lines_of(out.read_bytes())
     assert sorted(o["custom_id"] for o in everything) == sorted(f"r-{i}" for i in range(30))
@@ -183,7 +186,7 @@ def test_rerun_after_a_crash_resumes(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert not ran & set(before) and len(ran) == 30 - len(before)
 
     # Once done, running it again only writes the results again; then the work dir goes.
-    monkeypatch.setattr(runner, "_run_worker", None)
+    monkeypatch.setattr(runner, "run_engine", None)
     again = tmp_path / "again.jsonl"
     args[args.index(str(out))] = str(again)
     assert main(args) == 0

@@ -2,6 +2,7 @@
 
 import argparse
 import asyncio
+import gc
 import hashlib
 import os
 import shutil
@@ -34,6 +35,9 @@ from worker.finalizer import finalize_ready_batches
 from worker.models import source_of, unavailable
 
 OWNER = "run-batch"
+# vLLM's default (0) kills the engine's processes at exit, which leaks their semaphores and
+# shared memory; a few seconds let them exit and clean up. A user's flag comes later and wins.
+ENGINE_DEFAULTS = ["--shutdown-timeout", "10"]
 
 
 @dataclass(frozen=True)
@@ -162,12 +166,10 @@ def start(
     return settings, state
 
 
-async def _run_worker(settings: Settings, batch_id: str, engine_argv: list[str]) -> None:
-    from worker.cli import parse
+async def _run_worker(settings: Settings, batch_id: str, args: argparse.Namespace) -> None:
     from worker.engine import start_engine
     from worker.loop import Worker, WorkerOptions, install_signal_handlers
 
-    args, settings = parse(engine_argv, settings)
     stop = asyncio.Event()
     install_signal_handlers(stop)
     async with start_engine(args) as engine:
@@ -176,13 +178,25 @@ async def _run_worker(settings: Settings, batch_id: str, engine_argv: list[str])
         await progress
 
 
+def run_engine(settings: Settings, batch_id: str, engine_argv: list[str]) -> None:
+    """Starts vLLM and the worker loop until the batch has ended, then stops vLLM."""
+    from worker.cli import parse
+
+    # Parsed here, not in the coroutine: a frame of the parse outlives it (held inside vLLM)
+    # and with it its caller's frame; were that the coroutine holding the engine, vLLM's
+    # AsyncLLM would live until interpreter exit, where its __del__ raises a TypeError.
+    args, settings = parse(engine_argv, settings)
+    asyncio.run(_run_worker(settings, batch_id, args))
+    gc.collect()
+
+
 def run(settings: Settings, state: State, engine_argv: list[str]) -> BatchObject:
     """Validates, runs and finalizes the batch (whatever of it is left)."""
     take_over(settings, state.batch_id)
     validate_pending(settings, OWNER, per_line=True)
     if batch_row(settings, state.batch_id).status == BatchStatus.IN_PROGRESS:
         try:
-            asyncio.run(_run_worker(settings, state.batch_id, engine_argv))
+            run_engine(settings, state.batch_id, engine_argv)
         except Exception as exc:
             if (reason := unavailable(exc, settings.models[0].source)) is None:
                 raise
@@ -211,7 +225,7 @@ def _run_file(args: argparse.Namespace, engine_argv: list[str], work_dir: Path) 
             deliver([], args.error_file)
         return f"the input has no requests -> empty {args.output_file}"
     settings, state = begun
-    argv = ["--model", settings.models[0].name, *engine_argv]
+    argv = ["--model", settings.models[0].name, *ENGINE_DEFAULTS, *engine_argv]
     upgrade(settings.sqlalchemy_url)
     batch = run(settings, state, argv)
     if batch.status == BatchStatus.FAILED:
