@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from app.endpoints import EMBEDDINGS, GENERATIVE
+from app.endpoints import GENERATIVE, POOLING
 from app.storage.base import parse_s3_url
 
 MB = 1_000_000
@@ -34,7 +34,7 @@ DEFAULT_MODELS = [
     ),
     ServedModel(
         name="all-MiniLM-L6-v2",
-        endpoints=[EMBEDDINGS],
+        endpoints=list(POOLING),
         source="bundled:minilm",
     ),
 ]

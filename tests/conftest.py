@@ -1,7 +1,9 @@
 """Shared fixtures: every database test runs on SQLite and on PostgreSQL."""
 
+import http.server
 import os
 import secrets
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,6 +13,7 @@ import openai
 import pytest
 
 from app.config import Settings
+from tests.file_server import Files
 from tests.harness import RunningServer, fresh_database, running_server, s3_server
 
 BACKENDS = ["sqlite", "postgresql"]
@@ -99,3 +102,12 @@ def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture
+def file_server() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Files)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()

@@ -22,6 +22,11 @@ def test_models_list_and_retrieve(
         "object",
         "created",
         "owned_by",
+        "endpoints",
+    }
+    assert {m["id"]: m["endpoints"] for m in raw["data"]} == {
+        "SmolLM2-135M-Instruct": ["/v1/chat/completions", "/v1/completions", "/v1/responses"],
+        "all-MiniLM-L6-v2": ["/v1/embeddings", "/v1/score", "/v1/rerank"],
     }
     first = settings.models[0].name
     assert client.models.retrieve(first).id == first

@@ -5,15 +5,13 @@ after a crash runs the real worker loop with the scripted engine, in process.
 """
 
 import asyncio
-import http.server
 import os
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import orjson
 import pytest
@@ -28,48 +26,11 @@ from app.services.jsonl import iter_lines
 from app.storage import storage_for
 from tests.engine_fixtures import ENGINE_ARGS, ENGINE_ENV, MODEL, chat_line, jsonl
 from tests.fake_engine import FakeEngine
+from tests.file_server import Files
 from worker.loop import Worker, WorkerOptions
 from worker.models import ensure_converted
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-class Files(http.server.BaseHTTPRequestHandler):
-    """GET serves `served`; PUT stores the body in `received`."""
-
-    served: ClassVar[dict[str, bytes]] = {}
-    received: ClassVar[dict[str, bytes]] = {}
-
-    def do_GET(self) -> None:
-        body = self.served.get(self.path)
-        self.send_response(200 if body is not None else 404)
-        self.end_headers()
-        self.wfile.write(body or b"")
-
-    def do_PUT(self) -> None:
-        chunks = []
-        if self.headers.get("transfer-encoding", "").lower() == "chunked":
-            while size := int(self.rfile.readline().strip(), 16):
-                chunks.append(self.rfile.read(size))
-                self.rfile.readline()
-            self.rfile.readline()
-        else:
-            chunks.append(self.rfile.read(int(self.headers.get("content-length", 0))))
-        self.received[self.path] = b"".join(chunks)
-        self.send_response(201)
-        self.end_headers()
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
-@pytest.fixture
-def file_server() -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Files)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_port}"
-    server.shutdown()
 
 
 def lines_of(data: bytes) -> list[dict[str, Any]]:
@@ -92,6 +53,8 @@ def test_real_engine_from_url_to_url(
             "--error-file", str(tmp_path / "errors.jsonl"),
             "--work-dir", str(tmp_path / "work"),
             "--model", str(model_dir),
+            "--served-model-name", MODEL,
+            "--output-format", "openai",
             *ENGINE_ARGS,
         ],
         env={**os.environ, **ENGINE_ENV},

@@ -139,6 +139,20 @@ def test_embeddings_and_completions_endpoints_need_a_model_that_serves_them(db: 
     assert problems(wrong) == [("model_endpoint_mismatch", 1)]
 
 
+def test_score_and_rerank_take_their_bare_paths_and_a_pooling_model(db: Settings) -> None:
+    def scoring(custom_id: str, url: str, model: str = "all-MiniLM-L6-v2") -> bytes:
+        body = {"model": model, "query": "q", "documents": ["d"]}
+        return orjson.dumps({"custom_id": custom_id, "method": "POST", "url": url, "body": body})
+
+    mixed = scoring("a", "/score") + b"\n" + scoring("b", "/v1/score") + b"\n"
+    assert validate(db, mixed, "/score").status == "in_progress"
+    assert validate(db, scoring("r", "/v1/rerank") + b"\n", "/rerank").status == "in_progress"
+    chat_model = scoring("c", "/v1/rerank", model="SmolLM2-135M-Instruct") + b"\n"
+    assert problems(validate(db, chat_model, "/v1/rerank")) == [("model_endpoint_mismatch", 1)]
+    other = validate(db, scoring("s", "/v1/score") + b"\n", "/v1/rerank")
+    assert problems(other) == [("url_mismatch", 1)]
+
+
 # --- bad files ---------------------------------------------------------------------------
 
 

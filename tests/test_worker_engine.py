@@ -365,6 +365,37 @@ def test_embeddings_batch(local: Deployment) -> None:
     assert batch.usage is not None and batch.usage.input_tokens > 0
 
 
+def test_score_and_rerank_batches(local: Deployment) -> None:
+    """vLLM's scoring endpoints, at their /v1 and bare paths, on the bundled MiniLM."""
+    local.workers["minilm"].wait_ready()
+    question = "What is the capital of France?"
+    documents = ["The capital of Brazil is Brasilia.", "The capital of France is Paris."]
+    score = {"model": MINILM, "queries": question, "documents": documents}
+    rerank = {"model": MINILM, "query": question, "documents": documents}
+    with local.client() as client:
+        scored = start_batch(
+            client,
+            jsonl([line("s-v1", "/v1/score", score), line("s-bare", "/score", score)]),
+            endpoint="/v1/score",
+        )
+        ranked = start_batch(
+            client,
+            jsonl([line("r-bare", "/rerank", rerank), line("r-v1", "/v1/rerank", rerank)]),
+            endpoint="/rerank",
+        )
+        scores = results(client, wait_status(client, scored, "completed", timeout=120))
+        ranks = results(client, wait_status(client, ranked, "completed", timeout=120))
+    for item in scores.values():
+        body = item["response"]["body"]
+        assert item["response"]["status_code"] == 200 and body["object"] == "list"
+        brazil, france = (d["score"] for d in body["data"])
+        assert france > brazil
+    for item in ranks.values():
+        body = item["response"]["body"]
+        assert item["response"]["status_code"] == 200
+        assert body["results"][0]["index"] == 1 and body["usage"]["prompt_tokens"] > 0
+
+
 def long_lines(prefix: str, quick: int, slow: int, slow_tokens: int = 400) -> list[bytes]:
     lines = [chat_line(f"{prefix}q{i}", max_tokens=4, temperature=0) for i in range(quick)]
     lines += [

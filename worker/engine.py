@@ -15,7 +15,18 @@ from typing import Any, Protocol
 import orjson
 
 from app.core.progress import Usage, usage_of
-from app.endpoints import CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, SUPPORTED
+from app.endpoints import (
+    CHAT,
+    COMPLETIONS,
+    EMBEDDINGS,
+    RERANK,
+    RESPONSES,
+    SCORE,
+    SUPPORTED,
+    TRANSCRIPTIONS,
+    TRANSLATIONS,
+    canonical,
+)
 
 
 @dataclass(frozen=True)
@@ -81,17 +92,19 @@ class Route:
     engine_id: str
 
 
-def _routes(state: Any) -> dict[str, Route]:
+def _routes(state: Any, args: Namespace) -> dict[str, Route]:
     from pydantic import TypeAdapter
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
     from vllm.entrypoints.openai.completion.protocol import CompletionRequest
     from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
     from vllm.entrypoints.pooling.embed.protocol import EmbeddingRequest
+    from vllm.entrypoints.pooling.scoring.protocol import RerankRequest, ScoreRequest
 
     chat = getattr(state, "openai_serving_chat", None)
     completion = getattr(state, "openai_serving_completion", None)
     responses = getattr(state, "openai_serving_responses", None)
     embedding = getattr(state, "serving_embedding", None)
+    scores = getattr(state, "serving_scores", None)
     routes: dict[str, Route] = {}
     if chat is not None:
         routes[CHAT] = Route(
@@ -110,13 +123,42 @@ def _routes(state: Any) -> dict[str, Route]:
         routes[EMBEDDINGS] = Route(
             TypeAdapter(EmbeddingRequest).validate_python, embedding, "{}", "embd-{}"
         )
+    if scores is not None:
+        routes[SCORE] = Route(TypeAdapter(ScoreRequest).validate_python, scores, "{}", "score-{}")
+        routes[RERANK] = Route(RerankRequest.model_validate, scores, "{}", "score-{}")
+    routes.update(_speech_routes(state, args))
+    return routes
+
+
+def _speech_routes(state: Any, args: Namespace) -> dict[str, Route]:
+    """Audio as vLLM's run_batch takes it: a `file_url` (http(s) or data:) in the body,
+    fetched by vLLM's own wrapper (its size limit, `--allowed-media-domains`)."""
+    from vllm.entrypoints.launchers.run_batch import (
+        BatchTranscriptionRequest,
+        BatchTranslationRequest,
+        make_transcription_wrapper,
+    )
+
+    domains = getattr(args, "allowed_media_domains", None)
+    routes: dict[str, Route] = {}
+    transcription = getattr(state, "openai_serving_transcription", None)
+    if transcription is not None:
+        serve = make_transcription_wrapper(False, domains)(transcription.create_transcription)
+        routes[TRANSCRIPTIONS] = Route(BatchTranscriptionRequest.model_validate, serve, "{}", "")
+    translation = getattr(state, "openai_serving_translation", None)
+    if translation is not None:
+        serve = make_transcription_wrapper(True, domains)(translation.create_translation)
+        routes[TRANSLATIONS] = Route(BatchTranslationRequest.model_validate, serve, "{}", "")
     return routes
 
 
 class VllmEngine:
-    """vLLM's `AsyncLLM` with its chat, completion, responses and embedding serving objects."""
+    """vLLM's `AsyncLLM` with its serving objects: chat, completion, responses, embedding,
+    scoring (score and rerank), transcription and translation."""
 
-    def __init__(self, engine_client: Any, state: Any, served_names: list[str]) -> None:
+    def __init__(
+        self, engine_client: Any, state: Any, args: Namespace, served_names: list[str]
+    ) -> None:
         from vllm.entrypoints.serve.engine.protocol import ErrorResponse
         from vllm.v1.engine.exceptions import EngineDeadError as VllmEngineDead
 
@@ -126,7 +168,7 @@ class VllmEngine:
         self._running: dict[str, str] = {}
         self._error_type = ErrorResponse
         self._dead_type = VllmEngineDead
-        self._routes = _routes(state)
+        self._routes = _routes(state, args)
 
     @property
     def endpoints(self) -> list[str]:
@@ -135,9 +177,9 @@ class VllmEngine:
     async def run(self, endpoint: str, body: dict[str, Any], request_id: str) -> EngineResult:
         from starlette.responses import Response
 
-        route = self._routes.get(endpoint)
+        route = self._routes.get(canonical(endpoint))
         if route is None:
-            return _unrouted(endpoint, self.endpoints)
+            return _unrouted(canonical(endpoint), self.endpoints)
         for flag in ("stream", "background"):
             if body.get(flag):
                 return error_result(
@@ -226,4 +268,4 @@ async def start_engine(args: Namespace) -> AsyncIterator[VllmEngine]:
         state = State()
         await init_app_state(client, state, args, supported_tasks)
         names = list(args.served_model_name or [args.model])
-        yield VllmEngine(client, state, names)
+        yield VllmEngine(client, state, args, names)

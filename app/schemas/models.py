@@ -10,6 +10,8 @@ class ModelObject(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "overnight"
+    # Ours (vLLM's server adds fields too): the batch endpoints this model serves.
+    endpoints: list[str]
 
 
 class ModelList(BaseModel):

@@ -10,7 +10,7 @@ from app.config import Settings
 from app.core.progress import PROGRESS_FIELDS, Progress
 from app.core.states import CANCELLABLE_BATCH_STATUSES, TERMINAL_BATCH_STATUSES, BatchStatus
 from app.db.models import Batch, Shard
-from app.endpoints import SUPPORTED
+from app.endpoints import SUPPORTED, canonical
 from app.errors import OpenAIError, not_found
 from app.ids import new_batch_id
 from app.schemas.batches import (
@@ -69,7 +69,7 @@ def create_batch(
 
 
 def _check_endpoint(endpoint: str) -> None:
-    if endpoint not in SUPPORTED:
+    if canonical(endpoint) not in SUPPORTED:
         raise OpenAIError(
             f"Invalid value for 'endpoint': '{endpoint}'. This server executes batches for "
             f"{', '.join(SUPPORTED)}.",

@@ -23,6 +23,7 @@ from app.core.leases import BatchLease
 from app.core.states import BatchStatus
 from app.db.models import Batch, File, Shard
 from app.db.session import session_scope
+from app.endpoints import canonical
 from app.schemas.batches import BatchError
 from app.services import batch_lease
 from app.services.batch_end import end_batch
@@ -143,7 +144,7 @@ class LineChecker:
         url = request.get("url")
         if url is None:
             return _missing(line_no, "url")
-        if url != self.endpoint:
+        if not isinstance(url, str) or canonical(url) != canonical(self.endpoint):
             return _error(
                 "url_mismatch",
                 f"The url {_show(url)} does not match the batch's endpoint {self.endpoint!r}; "
@@ -199,7 +200,7 @@ class LineChecker:
                 f"The model {_show(model)} does not exist or is not served by this deployment. "
                 f"Served models: {names}.",
             )
-        if self.endpoint not in served.endpoints:
+        if canonical(self.endpoint) not in served.endpoints:
             return (
                 "model_endpoint_mismatch",
                 f"The model {_show(model)} does not serve {self.endpoint}; "

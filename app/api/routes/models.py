@@ -16,7 +16,9 @@ _STARTED_AT = int(time.time())
 
 
 def _models(settings: Settings) -> list[ModelObject]:
-    return [ModelObject(id=m.name, created=_STARTED_AT) for m in settings.models]
+    return [
+        ModelObject(id=m.name, created=_STARTED_AT, endpoints=m.endpoints) for m in settings.models
+    ]
 
 
 @router.get("/models", response_model=ModelList)

@@ -1,0 +1,33 @@
+"""A local HTTP file server for tests: GET what `Files.served` holds, PUT into `Files.received`."""
+
+import http.server
+from typing import Any, ClassVar
+
+
+class Files(http.server.BaseHTTPRequestHandler):
+    """GET serves `served`; PUT stores the body in `received`."""
+
+    served: ClassVar[dict[str, bytes]] = {}
+    received: ClassVar[dict[str, bytes]] = {}
+
+    def do_GET(self) -> None:
+        body = self.served.get(self.path)
+        self.send_response(200 if body is not None else 404)
+        self.end_headers()
+        self.wfile.write(body or b"")
+
+    def do_PUT(self) -> None:
+        chunks = []
+        if self.headers.get("transfer-encoding", "").lower() == "chunked":
+            while size := int(self.rfile.readline().strip(), 16):
+                chunks.append(self.rfile.read(size))
+                self.rfile.readline()
+            self.rfile.readline()
+        else:
+            chunks.append(self.rfile.read(int(self.headers.get("content-length", 0))))
+        self.received[self.path] = b"".join(chunks)
+        self.send_response(201)
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
