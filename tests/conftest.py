@@ -1,10 +1,10 @@
 """Shared fixtures: every database test runs on SQLite and on PostgreSQL."""
 
-import http.server
 import os
 import secrets
 import threading
 from collections.abc import Iterator
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import boto3
@@ -106,7 +106,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.fixture
 def file_server() -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Files)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Files)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_port}"

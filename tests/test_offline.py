@@ -8,6 +8,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -96,6 +97,7 @@ def fake_worker(engine: FakeEngine) -> Callable[[Any, str, list[str]], None]:
 # The first run, killed midway: the real worker loop with a slow scripted engine.
 CRASHING_RUN = """
 import sys
+import threading
 from app.cli import main
 from app.offline import runner
 from tests.fake_engine import FakeEngine
@@ -194,3 +196,66 @@ def test_unreadable_input_and_a_reused_work_dir(
     capsys.readouterr()
     assert main(["run-batch", "-i", str(other), "-o", out, "--work-dir", work]) == 1
     assert "use another --work-dir" in capsys.readouterr().err
+
+
+def offline_input(tmp_path: Path) -> Path:
+    source = tmp_path / "in.jsonl"
+    lines = [chat_line("a"), chat_line("streamed", stream=True), chat_line("b"), chat_line("a")]
+    source.write_bytes(jsonl(lines))  # a duplicate custom_id: vLLM runs both
+    return source
+
+
+def test_error_lines_are_vllm_s_by_default_and_openai_s_on_request(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vllm.entrypoints.launchers.run_batch import BatchRequestOutput
+
+    monkeypatch.chdir(tmp_path)  # the default work dir is in the current directory
+    monkeypatch.setattr(runner, "run_engine", fake_worker(FakeEngine()))
+    source, out = offline_input(tmp_path), tmp_path / "out.jsonl"
+    assert main(["run-batch", "-i", str(source), "-o", str(out)]) == 0
+    lines = lines_of(out.read_bytes())
+    assert [o["custom_id"] for o in lines] == ["a", "streamed", "b", "a"]  # the input's order
+    for raw in out.read_bytes().splitlines():
+        BatchRequestOutput.model_validate_json(raw)
+    streamed = lines[1]
+    assert streamed["response"]["status_code"] == 400 and streamed["response"]["body"] is None
+    assert streamed["error"]["error"]["param"] == "stream"
+
+    errors = tmp_path / "errors.jsonl"
+    flags = ["--output-format", "openai", "--error-file", str(errors)]
+    assert main(["run-batch", "-i", str(source), "-o", str(out), *flags]) == 0
+    assert [o["custom_id"] for o in lines_of(out.read_bytes())] == ["a", "b", "a"]
+    [failed] = lines_of(errors.read_bytes())
+    assert failed["error"] is None and failed["response"]["body"]["error"]["param"] == "stream"
+    assert not any(Path(".overnight-run-batch").iterdir())  # removed after each success
+
+
+def test_output_is_written_into_the_path_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(runner, "run_engine", fake_worker(FakeEngine()))
+    source = offline_input(tmp_path)
+    out = tmp_path / "out.jsonl"
+    out.write_bytes(b"old contents, longer than nothing\n")
+    with out.open("rb") as opened_before:
+        assert main(["run-batch", "-i", str(source), "-o", str(out)]) == 0
+        assert len(lines_of(opened_before.read())) == 4  # the same file, not a replacement
+
+    previous = os.umask(0o022)
+    try:
+        fresh = tmp_path / "fresh.jsonl"
+        assert main(["run-batch", "-i", str(source), "-o", str(fresh)]) == 0
+    finally:
+        os.umask(previous)
+    assert fresh.stat().st_mode & 0o777 == 0o644
+
+    fifo = tmp_path / "results.fifo"
+    os.mkfifo(fifo)
+    received: list[bytes] = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()))
+    reader.start()
+    assert main(["run-batch", "-i", str(source), "-o", str(fifo)]) == 0
+    reader.join(30)
+    assert len(lines_of(received[0])) == 4

@@ -15,7 +15,7 @@ import orjson
 
 from app.config import CPU_KV_CACHE_GIB, ServedModel, Settings, get_settings
 from app.core.states import TERMINAL_BATCH_STATUSES, BatchStatus
-from app.db.session import session_scope, upgrade
+from app.db.session import engine_for, session_scope, upgrade
 from app.endpoints import CHAT, SUPPORTED
 from app.errors import OpenAIError
 from app.offline.delivery import deliver, write_results
@@ -32,7 +32,7 @@ from app.services.jsonl import iter_lines
 from app.services.validation import validate_pending
 from app.storage import Storage, storage_for
 from worker.finalizer import finalize_ready_batches
-from worker.models import source_of, unavailable
+from worker.models import is_bundled, source_of, unavailable
 
 OWNER = "run-batch"
 # vLLM's default (0) kills the engine's processes at exit, which leaks their semaphores and
@@ -113,8 +113,9 @@ def _start_clean(work_dir: Path) -> Storage:
     for leftover in work_dir.glob("overnight.db*"):
         leftover.unlink()
     storage = storage_for(str(work_dir / "storage"))
-    for key in list(storage.list("")):
-        storage.delete(key)
+    if (work_dir / "storage").is_dir():
+        for key in list(storage.list("")):
+            storage.delete(key)
     return storage
 
 
@@ -217,14 +218,17 @@ def _report_failure(batch: BatchObject) -> str:
 def _run_file(args: argparse.Namespace, engine_argv: list[str], work_dir: Path) -> str:
     """Runs the file and writes its results; returns the summary line."""
     started = time.monotonic()
-    _share_converted_models(work_dir)
     begun = start(work_dir, args.input_file, args.model, engine_argv)
     if begun is None:
         deliver([], args.output_file)
         if args.error_file:
             deliver([], args.error_file)
+        if not args.keep_work_dir:
+            _remove_work_dir(work_dir, None)
         return f"the input has no requests -> empty {args.output_file}"
     settings, state = begun
+    if is_bundled(settings.models[0].source):
+        _share_converted_models(work_dir)
     argv = ["--model", settings.models[0].name, *ENGINE_DEFAULTS, *engine_argv]
     upgrade(settings.sqlalchemy_url)
     batch = run(settings, state, argv)
@@ -241,7 +245,17 @@ def _run_file(args: argparse.Namespace, engine_argv: list[str], work_dir: Path) 
     )
     if batch.status != BatchStatus.COMPLETED:
         raise OfflineError(summary)
+    if not args.keep_work_dir:
+        _remove_work_dir(work_dir, settings)
     return summary
+
+
+def _remove_work_dir(work_dir: Path, settings: Settings | None) -> None:
+    """After success: nothing is left to resume. Cached handles on it go first."""
+    if settings is not None:
+        engine_for(settings.sqlalchemy_url).dispose()
+    storage_for.cache_clear()
+    shutil.rmtree(work_dir, ignore_errors=True)
 
 
 class Interrupted(Exception):
@@ -265,7 +279,5 @@ def main(args: argparse.Namespace, engine_argv: list[str]) -> int:
     except (OfflineError, OSError) as exc:
         print(f"overnight: error: {exc}", file=sys.stderr)
         return 1
-    if not args.keep_work_dir:
-        shutil.rmtree(work_dir, ignore_errors=True)
     print(f"overnight: {summary}", file=sys.stderr)
     return 0
