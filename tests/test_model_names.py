@@ -10,7 +10,7 @@ import pytest
 
 from app.config import ServedModel, Settings
 from app.endpoints import EMBEDDINGS
-from app.offline import Request, offline_settings
+from app.offline.runner import FirstLine, served_model
 from app.supervisor import children_for
 from tests.engine_fixtures import REPO
 from worker.cli import parse
@@ -38,14 +38,12 @@ def test_every_command_names_the_bundled_models_alike(tmp_path: Path) -> None:
     assert source_of("qwen", pinned) == "Qwen/Qwen3-Embedding"
 
     # run-batch takes the bundled names as the worker does, whatever the input's `model`.
-    chat = Request("/v1/chat/completions", "my-chat")
-    assert offline_settings(tmp_path, chat, "SmolLM2-135M-Instruct").models[0].source == (
-        "bundled:smollm2"
-    )
-    embed = Request("/v1/embeddings", "all-MiniLM-L6-v2")
-    assert offline_settings(tmp_path, embed, None).models[0].source == "bundled:minilm"
-    hub = Request("/v1/chat/completions", "org/model")
-    assert offline_settings(tmp_path, hub, None).models[0].source == "org/model"
+    chat = FirstLine("/v1/chat/completions", "my-chat")
+    assert served_model("SmolLM2-135M-Instruct", chat, []).source == "bundled:smollm2"
+    embed = FirstLine("/v1/embeddings", "all-MiniLM-L6-v2")
+    assert served_model(None, embed, []).source == "bundled:minilm"
+    hub = FirstLine("/v1/chat/completions", "org/model")
+    assert served_model(None, hub, []).source == "org/model"
 
 
 def test_the_model_may_come_first_as_in_vllm_serve(tmp_path: Path) -> None:
