@@ -14,8 +14,6 @@ from pathlib import Path
 SPECIAL_TOKENS = [
     "<|endoftext|>",
     "<|startoftranscript|>",
-    "<|en|>",
-    "<|it|>",
     "<|translate|>",
     "<|transcribe|>",
     "<|startoflm|>",
@@ -27,6 +25,7 @@ SPECIAL_TOKENS = [
 
 def build_tiny_whisper(target: Path) -> Path:
     """A Hugging Face folder vLLM loads as Whisper: byte-level tokenizer, one layer each way."""
+    import torch
     from transformers import (
         WhisperConfig,
         WhisperFeatureExtractor,
@@ -35,10 +34,14 @@ def build_tiny_whisper(target: Path) -> Path:
         WhisperTokenizer,
     )
     from transformers.convert_slow_tokenizer import bytes_to_unicode
+    from vllm.model_executor.models.whisper import WhisperForConditionalGeneration as VllmWhisper
 
     target.mkdir(parents=True, exist_ok=True)
     vocab = {char: i for i, char in enumerate(bytes_to_unicode().values())}
-    for token in SPECIAL_TOKENS:
+    # Every language vLLM may detect (it constrains detection to these tokens), then the rest.
+    languages = [f"<|{code}|>" for code in sorted(VllmWhisper.supported_languages)]
+    specials = [SPECIAL_TOKENS[0], *languages, *SPECIAL_TOKENS[1:]]
+    for token in specials:
         vocab[token] = len(vocab)
     (target / "vocab.json").write_text(json.dumps(vocab))
     (target / "merges.txt").write_text("#version: 0.2\n")
@@ -51,7 +54,7 @@ def build_tiny_whisper(target: Path) -> Path:
         eos_token=end,
         pad_token=end,
     )
-    tokenizer.add_special_tokens({"additional_special_tokens": SPECIAL_TOKENS[1:]})
+    tokenizer.add_special_tokens({"additional_special_tokens": specials[1:]})
     WhisperProcessor(WhisperFeatureExtractor(feature_size=80), tokenizer).save_pretrained(target)
     config = WhisperConfig(
         vocab_size=len(vocab),
@@ -72,6 +75,7 @@ def build_tiny_whisper(target: Path) -> Path:
         begin_suppress_tokens=None,
         suppress_tokens=None,
     )
+    torch.manual_seed(0)  # the same noise every run
     model = WhisperForConditionalGeneration(config)
     model.generation_config.forced_decoder_ids = None
     model.save_pretrained(target)
