@@ -75,17 +75,20 @@ def test_litellm_batch_calls(
     listed = litellm.list_batches(limit=10, **where)
     assert [b.id for b in listed.data] == [created.id]
 
-    # A second batch, cancelled before the worker takes it.
-    with ThreadedWorker(server.settings, FakeEngine(delay=5)):
-        pending = litellm.create_batch(
-            completion_window="24h",
-            endpoint="/v1/chat/completions",
-            input_file_id=uploaded.id,
-            **where,
-        )
-        cancelled = litellm.cancel_batch(batch_id=pending.id, **where)
-        assert cancelled.status in ("cancelling", "cancelled")
-        assert wait_status(client, pending.id, "cancelled").status == "cancelled"
+    # A second batch, cancelled while its one request runs (the scripted engine waits 30 s).
+    slow = tmp_path / "slow.jsonl"
+    slow.write_bytes(jsonl([chat_line("slow", delay=30)]))
+    with slow.open("rb") as f:
+        slow_file = litellm.create_file(file=f, purpose="batch", **where)
+    pending = litellm.create_batch(
+        completion_window="24h",
+        endpoint="/v1/chat/completions",
+        input_file_id=slow_file.id,
+        **where,
+    )
+    cancelled = litellm.cancel_batch(batch_id=pending.id, **where)
+    assert cancelled.status in ("cancelling", "cancelled")
+    assert wait_status(client, pending.id, "cancelled").status == "cancelled"
 
 
 def test_litellm_async_batch_calls(
