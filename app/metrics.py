@@ -4,6 +4,7 @@ Reading the database makes the figures the same whichever API replica is scraped
 whichever worker did the work (no multi-process bookkeeping).
 """
 
+import time
 from collections.abc import Iterator
 
 from fastapi import APIRouter, FastAPI, Request, Response
@@ -38,6 +39,7 @@ class DatabaseCollector(Collector):
         with session_scope(self.settings) as session:
             totals = monitoring.totals(session, lease)
             workers = monitoring.list_workers(session, lease)
+            running = monitoring.running_batches(session)
         batches = GaugeMetricFamily("overnight_batches", "Batches by status.", labels=["status"])
         for status in BatchStatus:
             batches.add_metric([status], totals.batches_by_status.get(status, 0))
@@ -61,6 +63,23 @@ class DatabaseCollector(Collector):
         tokens.add_metric(["cached"], totals.cached_tokens)  # prompt tokens the prefix cache had
         yield tokens
         yield from _worker_metrics(workers)
+        yield _throughput_metric(running)
+
+
+def _throughput_metric(running: list[monitoring.BatchView]) -> Metric:
+    rate = GaugeMetricFamily(
+        "overnight_batch_throughput",
+        "What each running batch makes per second of its running time "
+        "(output tokens; embeddings: input tokens or inputs).",
+        labels=["batch", "model", "unit"],
+    )
+    now = time.time()
+    for view in running:
+        throughput = view.throughput(now)
+        rate.add_metric(
+            [view.batch.id, view.batch.model or "", throughput.unit], throughput.per_second
+        )
+    return rate
 
 
 def _worker_metrics(workers: list[monitoring.WorkerView]) -> Iterator[Metric]:

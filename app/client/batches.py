@@ -125,6 +125,8 @@ def _show(batch: Batch) -> None:
         )
     if batch.usage:
         rows.append(("tokens", f"{batch.usage.input_tokens} in, {batch.usage.output_tokens} out"))
+    if batch.in_progress_at is not None:
+        rows.append(("throughput", str(output.throughput(batch))))
     for field in (
         "created_at",
         "in_progress_at",

@@ -7,10 +7,13 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
+from openai.types import Batch
 from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
+
+from app.core.throughput import Throughput, batch_throughput
 
 console = Console(highlight=False)
 errors = Console(stderr=True, highlight=False)
@@ -31,6 +34,18 @@ def age(ts: int | float | None) -> str:
         if seconds >= size:
             return f"{seconds // size}{unit} ago"
     return f"{seconds}s ago"
+
+
+def throughput(batch: Batch) -> Throughput:
+    """The batch's throughput as the dashboard and `/metrics` show it."""
+    usage, counts = batch.usage, batch.request_counts
+    return batch_throughput(
+        batch,
+        time.time(),
+        input_tokens=usage.input_tokens if usage else 0,
+        output_tokens=usage.output_tokens if usage else 0,
+        completed=counts.completed if counts else 0,
+    )
 
 
 def print_json(items: BaseModel | dict[str, Any] | Sequence[BaseModel | dict[str, Any]]) -> None:

@@ -11,44 +11,29 @@ from app.client import output
 TERMINAL = ("completed", "failed", "expired", "cancelled")
 
 
-class Rate:
-    """Tokens per second over the last few polls."""
-
-    def __init__(self, window: int = 10) -> None:
-        self.samples: list[tuple[float, int]] = []
-        self.window = window
-
-    def add(self, tokens: int) -> float:
-        self.samples = [*self.samples[-(self.window - 1) :], (time.monotonic(), tokens)]
-        (t0, n0), (t1, n1) = self.samples[0], self.samples[-1]
-        return (n1 - n0) / (t1 - t0) if t1 > t0 else 0.0
-
-
 def wait_for(api: openai.OpenAI, batch_id: str, interval: float = 1.0) -> Batch:
     """Polls until the batch ends; Ctrl-C stops waiting, not the batch."""
-    rate = Rate()
     columns = (
         TextColumn("{task.fields[status]:<11}"),
         BarColumn(),
         MofNCompleteColumn(),
-        TextColumn("{task.fields[counts]} · {task.fields[rate]:.1f} tok/s"),
+        TextColumn("{task.fields[counts]} · {task.fields[rate]}"),
         TimeElapsedColumn(),
     )
     try:
         with Progress(*columns, console=output.errors) as bar:
-            task = bar.add_task("batch", total=None, status="validating", counts="", rate=0.0)
+            task = bar.add_task("batch", total=None, status="validating", counts="", rate="")
             while True:
                 batch = api.batches.retrieve(batch_id)
                 counts = batch.request_counts or BatchRequestCounts(completed=0, failed=0, total=0)
                 done = counts.completed + counts.failed
-                tokens = batch.usage.total_tokens if batch.usage else 0
                 bar.update(
                     task,
                     total=counts.total or None,
                     completed=done,
                     status=batch.status,
                     counts=f"{counts.completed} ok, {counts.failed} failed",
-                    rate=rate.add(tokens),
+                    rate=str(output.throughput(batch)),
                 )
                 if batch.status in TERMINAL:
                     return batch

@@ -14,13 +14,9 @@ from app.services.throughput import throughput_series
 from app.storage import Storage
 
 
-def batch_rows(
-    session: Session, lease: float, status: str | None, project: str | None
-) -> list[views.Row]:
+def batch_rows(session: Session, status: str | None, project: str | None) -> list[views.Row]:
     now = time.time()
-    found = monitoring.list_batches(
-        session, lease, status=status or None, project_id=project or None
-    )
+    found = monitoring.list_batches(session, status=status or None, project_id=project or None)
     return [views.batch_row(v, now) for v in found]
 
 
@@ -41,8 +37,8 @@ def key_rows(session: Session) -> list[views.Row]:
     return [views.key_row(key) for key in keys.key_objects(session)]
 
 
-def batch_detail(session: Session, batch_id: str, lease: float) -> views.Row:
-    view = monitoring.get_batch(session, batch_id, lease)
+def batch_detail(session: Session, batch_id: str) -> views.Row:
+    view = monitoring.get_batch(session, batch_id)
     if view is None:
         raise not_found("Batch", batch_id)
     b = view.batch
@@ -54,9 +50,9 @@ def batch_detail(session: Session, batch_id: str, lease: float) -> views.Row:
     return detail
 
 
-def batches_page(session: Session, lease: float, status: str, project: str) -> dict[str, Any]:
+def batches_page(session: Session, status: str, project: str) -> dict[str, Any]:
     return {
-        "rows": batch_rows(session, lease, status, project),
+        "rows": batch_rows(session, status, project),
         "project_options": project_options(session),
     }
 

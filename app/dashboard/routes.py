@@ -125,7 +125,7 @@ async def batches_page(
     status: str = "",
     project: str = "",
 ) -> Response:
-    found = await uow.run(content.batches_page, settings.lease_seconds, status, project)
+    found = await uow.run(content.batches_page, status, project)
     return await _page(
         request,
         uow,
@@ -141,7 +141,7 @@ async def batches_page(
 async def batch_page(
     request: Request, batch_id: str, _login: PageLogin, uow: UnitOfWorkDep, settings: SettingsDep
 ) -> Response:
-    batch = await uow.run(content.batch_detail, batch_id, settings.lease_seconds)
+    batch = await uow.run(content.batch_detail, batch_id)
     return await _page(request, uow, "batch.html", batch=batch)
 
 
@@ -204,14 +204,14 @@ async def batches_feed(
     status: Annotated[str, Query()] = "",
     project: Annotated[str, Query()] = "",
 ) -> dict[str, Any]:
-    return {"rows": await uow.run(content.batch_rows, settings.lease_seconds, status, project)}
+    return {"rows": await uow.run(content.batch_rows, status, project)}
 
 
 @router.get("/api/batches/{batch_id}")
 async def batch_feed(
     batch_id: str, _login: ApiLogin, uow: UnitOfWorkDep, settings: SettingsDep
 ) -> dict[str, Any]:
-    return await uow.run(content.batch_detail, batch_id, settings.lease_seconds)
+    return await uow.run(content.batch_detail, batch_id)
 
 
 @router.post("/api/batches/{batch_id}/cancel")

@@ -81,7 +81,7 @@ def batch_row(view: BatchView, now: float) -> Row:
         "total": counts.total,
         "progress_pct": round(pct, 1),
         "progress": f"{pct:.0f}%",
-        "tokens_per_second": f"{view.tokens_per_second(now):.1f}",
+        "throughput": str(view.throughput(now)),
         "eta": fmt_duration(view.eta_seconds(now)),
         "age": fmt_duration(now - view.batch.created_at),
         "created": fmt_time(view.batch.created_at),

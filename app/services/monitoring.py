@@ -9,11 +9,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, func, or_, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from app.core.progress import Progress
 from app.core.states import TERMINAL_BATCH_STATUSES, BatchStatus, ShardStatus
+from app.core.throughput import Throughput, batch_throughput, running_seconds
 from app.db.models import Batch, File, Project, RegisteredWorker, Shard
 from app.schemas.admin import ProjectObject, WorkerObject, WorkerState
 from app.schemas.batches import BatchObject
@@ -27,33 +28,27 @@ class BatchView:
     batch: Batch
     wire: BatchObject
     project_name: str
-    # Sum of the tokens/s its live workers report right now.
-    live_tokens_per_second: float = 0.0
 
     @property
     def done(self) -> int:
         return self.wire.request_counts.completed + self.wire.request_counts.failed
 
-    def tokens_per_second(self, now: float) -> float:
-        """Live rate while workers run it; otherwise the average over its running time."""
-        if self.live_tokens_per_second > 0:
-            return self.live_tokens_per_second
-        elapsed = self._running_seconds(now)
-        return self.wire.usage.total_tokens / elapsed if elapsed > 0 else 0.0
+    def throughput(self, now: float) -> Throughput:
+        usage = self.wire.usage
+        return batch_throughput(
+            self.batch,
+            now,
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+            completed=self.wire.request_counts.completed,
+        )
 
     def eta_seconds(self, now: float) -> float | None:
         """Time left at the average request rate so far; None when unknown or finished."""
         if self.batch.status != BatchStatus.IN_PROGRESS or not self.done:
             return None
-        rate = self.done / max(self._running_seconds(now), 1e-9)
+        rate = self.done / max(running_seconds(self.batch, now), 1e-9)
         return max(self.wire.request_counts.total - self.done, 0) / rate
-
-    def _running_seconds(self, now: float) -> float:
-        b = self.batch
-        if b.in_progress_at is None:
-            return 0.0
-        end = b.finalizing_at or b.cancelled_at or b.expired_at or b.completed_at or now
-        return max(float(end - b.in_progress_at), 0.0)
 
 
 @dataclass
@@ -95,41 +90,14 @@ class Totals:
     cached_tokens: int = 0
 
 
-def _live_worker_clause(lease_seconds: float, now: float) -> ColumnElement[bool]:
-    return and_(
-        RegisteredWorker.stopped_at.is_(None), RegisteredWorker.heartbeat_at >= now - lease_seconds
-    )
-
-
-def _views(session: Session, rows: Sequence[Any], lease_seconds: float) -> list[BatchView]:
+def _views(session: Session, rows: Sequence[Any]) -> list[BatchView]:
     running = [b.id for b, _ in rows if b.status not in TERMINAL_BATCH_STATUSES]
     live = batches.live_progress(session, running)
-    rates: dict[str, float] = {}
-    if running:
-        now = time.time()
-        rates = {
-            batch_id: float(rate or 0.0)
-            for batch_id, rate in session.execute(
-                select(Shard.batch_id, func.sum(RegisteredWorker.tokens_per_second))
-                .join(RegisteredWorker, RegisteredWorker.current_shard_id == Shard.id)
-                .where(Shard.batch_id.in_(running), _live_worker_clause(lease_seconds, now))
-                .group_by(Shard.batch_id)
-            )
-        }
-    return [
-        BatchView(
-            b,
-            batches.to_wire(b, live.get(b.id, Progress())),
-            name,
-            rates.get(b.id, 0.0),
-        )
-        for b, name in rows
-    ]
+    return [BatchView(b, batches.to_wire(b, live.get(b.id, Progress())), name) for b, name in rows]
 
 
 def list_batches(
     session: Session,
-    lease_seconds: float,
     *,
     status: str | None = None,
     project_id: str | None = None,
@@ -142,16 +110,27 @@ def list_batches(
     if project_id:
         query = query.where(Batch.project_id == project_id)
     rows = session.execute(query.order_by(Batch.seq.desc()).limit(limit)).all()
-    return _views(session, rows, lease_seconds)
+    return _views(session, rows)
 
 
-def get_batch(session: Session, batch_id: str, lease_seconds: float) -> BatchView | None:
+def get_batch(session: Session, batch_id: str) -> BatchView | None:
     row = session.execute(
         select(Batch, Project.name)
         .join(Project, Project.id == Batch.project_id)
         .where(Batch.id == batch_id)
     ).first()
-    return _views(session, [row], lease_seconds)[0] if row is not None else None
+    return _views(session, [row])[0] if row is not None else None
+
+
+def running_batches(session: Session) -> list[BatchView]:
+    """Batches that started running and have not ended."""
+    rows = session.execute(
+        select(Batch, Project.name)
+        .join(Project, Project.id == Batch.project_id)
+        .where(Batch.in_progress_at.is_not(None), Batch.status.not_in(TERMINAL_BATCH_STATUSES))
+        .order_by(Batch.seq)
+    ).all()
+    return _views(session, rows)
 
 
 def list_workers(session: Session, lease_seconds: float, limit: int = 200) -> list[WorkerView]:
