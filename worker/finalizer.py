@@ -196,12 +196,15 @@ class _LazyFile:
 def finalize(settings: Settings, storage: Storage, job: Finalization) -> bool:
     """Writes the files and records them; False if the lease was lost or results changed."""
     output, errors = _LazyFile(storage, "output"), _LazyFile(storage, "error")
-    tally = Progress()
+    tally, unrun = Progress(), 0
+    unrun_code, _message = _UNRUN[job.path]
     try:
         for line in _merged_lines(storage, job, Heartbeat(settings, job.lease)):
             ok, usage = _result_of(line)
             (output if ok else errors).write(orjson.dumps(line) + b"\n")
             tally.add(ok, usage)
+            if not ok and (line.get("error") or {}).get("code") == unrun_code:
+                unrun += 1
         written = [(side, side.commit()) for side in (output, errors)]
     except _LeaseLost:
         output.abort()
@@ -211,7 +214,7 @@ def finalize(settings: Settings, storage: Storage, job: Finalization) -> bool:
         output.abort()
         errors.abort()
         raise
-    if not _record(settings, job, written, tally):
+    if not _record(settings, job, written, tally, unrun):
         for _side, obj in written:
             if obj is not None:
                 storage.delete(obj.key)
@@ -276,6 +279,7 @@ def _record(
     job: Finalization,
     written: list[tuple[_LazyFile, StoredObject | None]],
     tally: Progress,
+    unrun: int,
 ) -> bool:
     """The one transaction that ends the batch, fenced by the batch lease."""
     batch_id = job.lease.batch_id
@@ -318,7 +322,7 @@ def _record(
             for side, obj in written
             if obj is not None
         }
-        _finish(session, batch, job.path, files, tally, now)
+        _finish(session, batch, job.path, files, tally, unrun, now)
         batch.throughput = throughput_series(session, batch_id)
     return True
 
@@ -329,13 +333,18 @@ def _finish(
     ending: Ending,
     files: dict[str, File],
     tally: Progress,
+    unrun: int,
     now: int,
 ) -> None:
+    """`unrun`: the requests that never ran, with the ending's error code."""
     batch.output_file_id = files["output"].id if "output" in files else None
     batch.error_file_id = files["error"].id if "error" in files else None
     for name, value in tally.values().items():
         setattr(batch, name, value)
-    end_batch(session, batch, _final_status(batch, ending), now)
+    status = _final_status(batch, ending)
+    batch.cancelled = unrun if status == BatchStatus.CANCELLED else 0
+    batch.expired = unrun if status == BatchStatus.EXPIRED else 0
+    end_batch(session, batch, status, now)
 
 
 def _final_status(batch: Batch, ending: Ending) -> BatchStatus:

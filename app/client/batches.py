@@ -120,7 +120,7 @@ def _show(batch: Batch) -> None:
         rows.append(
             (
                 "requests",
-                f"{counts.completed} completed, {counts.failed} failed, {counts.total} total",
+                f"{output.outcomes(batch)} of {counts.total}",
             )
         )
     if batch.usage:

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from app.core.progress import Outcomes
 from app.core.throughput import Throughput, batch_throughput
 
 console = Console(highlight=False)
@@ -45,6 +46,19 @@ def throughput(batch: Batch) -> Throughput:
         input_tokens=usage.input_tokens if usage else 0,
         output_tokens=usage.output_tokens if usage else 0,
         completed=counts.completed if counts else 0,
+    )
+
+
+def outcomes(batch: Batch) -> str:
+    """ "22 ok, 0 failed, 378 cancelled": the request counts with the unrun apart."""
+    counts = batch.request_counts
+    if counts is None:
+        return ""
+    extra = counts.model_extra or {}
+    return str(
+        Outcomes.of_counts(
+            counts.completed, counts.failed, extra.get("cancelled", 0), extra.get("expired", 0)
+        )
     )
 
 

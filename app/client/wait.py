@@ -32,7 +32,7 @@ def wait_for(api: openai.OpenAI, batch_id: str, interval: float = 1.0) -> Batch:
                     total=counts.total or None,
                     completed=done,
                     status=batch.status,
-                    counts=f"{counts.completed} ok, {counts.failed} failed",
+                    counts=output.outcomes(batch),
                     rate=str(output.throughput(batch)),
                 )
                 if batch.status in TERMINAL:

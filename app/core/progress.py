@@ -70,3 +70,30 @@ class Progress:
 
 
 PROGRESS_FIELDS = tuple(f.name for f in fields(Progress))
+
+
+@dataclass(frozen=True)
+class Outcomes:
+    """Finished requests as a person reads them: cancelled and expired apart from failed.
+
+    OpenAI's `request_counts.failed` counts all three; `failed` here only the requests that
+    ran and failed.
+    """
+
+    completed: int
+    failed: int
+    cancelled: int = 0
+    expired: int = 0
+
+    @classmethod
+    def of_counts(cls, completed: int, failed: int, cancelled: int, expired: int) -> "Outcomes":
+        """From OpenAI's counts, whose `failed` includes `cancelled` and `expired`."""
+        return cls(completed, max(failed - cancelled - expired, 0), cancelled, expired)
+
+    def __str__(self) -> str:
+        unrun = [
+            f"{n} {what}"
+            for n, what in ((self.cancelled, "cancelled"), (self.expired, "expired"))
+            if n
+        ]
+        return ", ".join([f"{self.completed} ok", f"{self.failed} failed", *unrun])

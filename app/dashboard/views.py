@@ -64,6 +64,7 @@ def file_href(file_id: str | None) -> str:
 
 def batch_row(view: BatchView, now: float) -> Row:
     counts = view.wire.request_counts
+    outcomes = view.outcomes
     status = view.batch.status
     if counts.total:
         pct = 100.0 * view.done / counts.total
@@ -76,8 +77,10 @@ def batch_row(view: BatchView, now: float) -> Row:
         "project": view.project_name,
         "model": view.batch.model or DASH,
         "endpoint": view.batch.endpoint,
-        "completed": counts.completed,
-        "failed": counts.failed,
+        "completed": outcomes.completed,
+        "failed": outcomes.failed,
+        "cancelled": outcomes.cancelled,
+        "expired": outcomes.expired,
         "total": counts.total,
         "progress_pct": round(pct, 1),
         "progress": f"{pct:.0f}%",

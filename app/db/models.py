@@ -198,6 +198,9 @@ class Batch(ProgressColumns, Base):
     # Progress columns are final once the batch is terminal; while it runs they are summed
     # from its shards.
     total: Mapped[int] = mapped_column(Integer, default=0)
+    # Of `failed`, the requests that never ran because the batch was cancelled or expired.
+    cancelled: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    expired: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # `[unix time, requests/s]` points kept at the end: the result chunks they come from go.
     throughput: Mapped[list[Any] | None] = mapped_column(JSON)
 

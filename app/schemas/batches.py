@@ -43,6 +43,9 @@ class BatchRequestCounts(BaseModel):
     total: int = 0
     completed: int = 0
     failed: int = 0
+    # Ours: how many of `failed` never ran because the batch was cancelled or expired.
+    cancelled: int = 0
+    expired: int = 0
 
 
 class InputTokensDetails(BaseModel):

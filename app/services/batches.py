@@ -223,7 +223,11 @@ def to_wire(batch: Batch, live: Progress) -> BatchObject:
         cancelling_at=batch.cancelling_at,
         cancelled_at=batch.cancelled_at,
         request_counts=BatchRequestCounts(
-            total=batch.total or 0, completed=live.completed, failed=live.failed
+            total=batch.total or 0,
+            completed=live.completed,
+            failed=live.failed,
+            cancelled=batch.cancelled,
+            expired=batch.expired,
         ),
         usage=BatchUsage(
             input_tokens=live.input_tokens,

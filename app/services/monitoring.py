@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
-from app.core.progress import Progress
+from app.core.progress import Outcomes, Progress
 from app.core.states import TERMINAL_BATCH_STATUSES, BatchStatus, ShardStatus
 from app.core.throughput import Throughput, batch_throughput, running_seconds
 from app.db.models import Batch, File, Project, RegisteredWorker, Shard
@@ -28,6 +28,11 @@ class BatchView:
     batch: Batch
     wire: BatchObject
     project_name: str
+
+    @property
+    def outcomes(self) -> Outcomes:
+        c = self.wire.request_counts
+        return Outcomes.of_counts(c.completed, c.failed, c.cancelled, c.expired)
 
     @property
     def done(self) -> int:
