@@ -13,10 +13,17 @@ from prometheus_client import (
     CollectorRegistry,
     Histogram,
     Info,
+    disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.config import Settings
@@ -37,9 +44,11 @@ class DatabaseCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         lease = self.settings.lease_seconds
         with session_scope(self.settings) as session:
-            totals = monitoring.totals(session, lease)
+            totals = monitoring.totals(session)
             workers = monitoring.list_workers(session, lease)
             running = monitoring.running_batches(session)
+            durations = monitoring.batch_durations(session)
+            waits = monitoring.queue_waits(session)
         batches = GaugeMetricFamily("overnight_batches", "Batches by status.", labels=["status"])
         for status in BatchStatus:
             batches.add_metric([status], totals.batches_by_status.get(status, 0))
@@ -49,21 +58,46 @@ class DatabaseCollector(Collector):
             "Requests of in-progress batches that have no result yet.",
             value=totals.queued_requests,
         )
-        requests = CounterMetricFamily(
-            "overnight_requests", "Batch requests with a persisted result.", labels=["outcome"]
+        yield from _done_metrics(totals)
+        yield _histogram(
+            "overnight_batch_duration_seconds",
+            "Seconds from a batch's creation to its end, by model.",
+            durations,
         )
-        requests.add_metric(["completed"], totals.completed)
-        requests.add_metric(["failed"], totals.failed)
-        yield requests
-        tokens = CounterMetricFamily(
-            "overnight_tokens", "Tokens of persisted batch results.", labels=["kind"]
+        yield _histogram(
+            "overnight_batch_queue_wait_seconds",
+            "Seconds from a batch's creation until it was in progress, by model.",
+            waits,
         )
-        tokens.add_metric(["prompt"], totals.input_tokens)
-        tokens.add_metric(["generated"], totals.output_tokens)
-        tokens.add_metric(["cached"], totals.cached_tokens)  # prompt tokens the prefix cache had
-        yield tokens
         yield from _worker_metrics(workers)
         yield _throughput_metric(running)
+
+
+def _done_metrics(totals: monitoring.Totals) -> Iterator[Metric]:
+    requests = CounterMetricFamily(
+        "overnight_requests",
+        "Batch requests with a persisted result.",
+        labels=["outcome", "model"],
+    )
+    tokens = CounterMetricFamily(
+        "overnight_tokens", "Tokens of persisted batch results.", labels=["kind", "model"]
+    )
+    for model, done in sorted(totals.done_by_model.items()):
+        requests.add_metric(["completed", model], done.completed)
+        requests.add_metric(["failed", model], done.failed)
+        tokens.add_metric(["prompt", model], done.input_tokens)
+        tokens.add_metric(["generated", model], done.output_tokens)
+        # Prompt tokens the prefix cache had.
+        tokens.add_metric(["cached", model], done.cached_tokens)
+    yield from (requests, tokens)
+
+
+def _histogram(name: str, documentation: str, by_model: dict[str, monitoring.Durations]) -> Metric:
+    histogram = HistogramMetricFamily(name, documentation, labels=["model"])
+    for model, d in sorted(by_model.items()):
+        buckets = [(floatToGoString(b), n) for b, n in zip(d.bounds, d.at_most, strict=True)]
+        histogram.add_metric([model], [*buckets, ("+Inf", d.count)], d.total_seconds)
+    return histogram
 
 
 def _throughput_metric(running: list[monitoring.BatchView]) -> Metric:
@@ -112,6 +146,8 @@ class Metrics:
     """One registry per app, so that several apps (tests) can live in one process."""
 
     def __init__(self, settings: Settings) -> None:
+        # `_created` series tell Prometheus users nothing here and double the exposition.
+        disable_created_metrics()
         self.registry = CollectorRegistry()
         self.registry.register(DatabaseCollector(settings))
         build = Info("overnight_build", "The running overnight build.", registry=self.registry)

@@ -12,9 +12,12 @@ import openai
 import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import select
 
 from app.config import Settings
+from app.db.models import Batch, File
 from app.db.session import session_scope
+from app.ids import new_batch_id
 from app.logging import JsonFormatter, access_log
 from tests import batch_sim
 from tests.harness import RunningServer
@@ -72,7 +75,8 @@ def test_metrics_follow_batches_and_workers(
     before = metrics(http)
     assert before[("overnight_queue_requests", ())] == 0
     assert before[("overnight_batches", (("status", "in_progress"),))] == 0
-    assert before[("overnight_requests_total", (("outcome", "completed"),))] == 0
+    assert not any(name == "overnight_requests_total" for name, _labels in before)
+    assert not any(name.endswith("_created") for name, _labels in before)
 
     settings = settings.model_copy(update={"shard_lines": 4})
     f = client.files.create(file=("in.jsonl", batch_sim.requests_file(10)), purpose="batch")
@@ -94,14 +98,20 @@ def test_metrics_follow_batches_and_workers(
     assert now[("overnight_queue_requests", ())] == 10 - written
     live = client.batches.retrieve(batch.id).request_counts
     assert live is not None
-    assert now[("overnight_requests_total", (("outcome", "completed"),))] == live.completed
-    assert now[("overnight_requests_total", (("outcome", "failed"),))] == live.failed
+    model = ("model", batch_sim.MODEL)
+    assert now[("overnight_requests_total", (model, ("outcome", "completed")))] == live.completed
+    assert now[("overnight_requests_total", (model, ("outcome", "failed")))] == live.failed
     usage = client.batches.retrieve(batch.id).usage
     assert usage is not None
-    assert now[("overnight_tokens_total", (("kind", "prompt"),))] == usage.input_tokens
-    assert now[("overnight_tokens_total", (("kind", "generated"),))] == usage.output_tokens
+    assert now[("overnight_tokens_total", (("kind", "prompt"), model))] == usage.input_tokens
+    assert now[("overnight_tokens_total", (("kind", "generated"), model))] == usage.output_tokens
     cached = usage.input_tokens_details.cached_tokens
-    assert cached > 0 and now[("overnight_tokens_total", (("kind", "cached"),))] == cached
+    assert cached > 0 and now[("overnight_tokens_total", (("kind", "cached"), model))] == cached
+    # The batch waited in the queue once and has not ended.
+    assert now[("overnight_batch_queue_wait_seconds_count", (model,))] == 1
+    assert now[("overnight_batch_queue_wait_seconds_bucket", (("le", "+Inf"), model))] == 1
+    assert ("overnight_batch_duration_seconds_count", (model,)) not in now
+    assert not any(name.endswith("_created") for name, _labels in now)
     worker = (("model", batch_sim.MODEL), ("worker", "w-1"))
     assert now[("overnight_worker_tokens_per_second", worker)] == 42.5
     assert now[("overnight_worker_busy", worker)] == 1
@@ -208,3 +218,39 @@ def test_admin_api_manages_keys(server: RunningServer, settings: Settings) -> No
     assert [(w["id"], w["state"], w["model"]) for w in workers] == [
         ("gpu-1:7:abc", "idle", "SmolLM2-135M-Instruct")
     ]
+
+
+def test_batch_durations_are_histograms_by_model(http: httpx.Client, settings: Settings) -> None:
+    file_id = batch_sim.store_input_file(settings, batch_sim.requests_file(2))
+    now = int(time.time())
+    with session_scope(settings) as session:
+        project_id = session.scalar(select(File.project_id).where(File.id == file_id))
+        for ran in (10, 100, 4000):
+            session.add(
+                Batch(
+                    id=new_batch_id(),
+                    project_id=project_id,
+                    endpoint=batch_sim.CHAT,
+                    input_file_id=file_id,
+                    model=batch_sim.MODEL,
+                    completion_window="24h",
+                    status="completed",
+                    created_at=now - ran - 2,
+                    in_progress_at=now - ran,
+                    completed_at=now,
+                    expires_at=now + 86400,
+                )
+            )
+    seen = metrics(http)
+    model = ("model", batch_sim.MODEL)
+    duration = "overnight_batch_duration_seconds"
+    assert seen[(f"{duration}_count", (model,))] == 3
+    assert seen[(f"{duration}_sum", (model,))] == 12 + 102 + 4002
+    assert seen[(f"{duration}_bucket", (("le", "15.0"), model))] == 1
+    assert seen[(f"{duration}_bucket", (("le", "300.0"), model))] == 2
+    assert seen[(f"{duration}_bucket", (("le", "3600.0"), model))] == 2
+    assert seen[(f"{duration}_bucket", (("le", "+Inf"), model))] == 3
+    wait = "overnight_batch_queue_wait_seconds"
+    assert seen[(f"{wait}_sum", (model,))] == 6
+    assert seen[(f"{wait}_bucket", (("le", "1.0"), model))] == 0
+    assert seen[(f"{wait}_bucket", (("le", "5.0"), model))] == 3

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import ColumnElement, case, func, or_, select
 from sqlalchemy.orm import Session
 
 from app.core.progress import Outcomes, Progress
@@ -84,15 +84,25 @@ class WorkerView:
 
 @dataclass
 class Totals:
-    """Deployment-wide sums, for Prometheus."""
+    """Deployment-wide sums, for Prometheus; per model, `""` for a batch with none yet."""
 
     batches_by_status: dict[str, int] = field(default_factory=dict)
     queued_requests: int = 0
-    completed: int = 0
-    failed: int = 0
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cached_tokens: int = 0
+    # Requests and tokens with a persisted result.
+    done_by_model: dict[str, Progress] = field(default_factory=dict)
+
+
+@dataclass
+class Durations:
+    """A histogram of batch durations: counts at or under each bound, cumulative."""
+
+    bounds: tuple[float, ...]
+    at_most: list[int]
+    count: int
+    total_seconds: float
+
+
+DURATION_BOUNDS = (1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 21600.0, 86400.0)
 
 
 def _views(session: Session, rows: Sequence[Any]) -> list[BatchView]:
@@ -206,22 +216,27 @@ def file_owner(session: Session, file_id: str) -> str | None:
     return session.scalar(select(File.project_id).where(File.id == file_id))
 
 
-def totals(session: Session, lease_seconds: float) -> Totals:
+def totals(session: Session) -> Totals:
     """Batches by status, queued requests, and requests and tokens processed so far."""
     t = Totals()
     for status, count in session.execute(select(Batch.status, func.count()).group_by(Batch.status)):
         t.batches_by_status[status] = int(count)
-    done = session.execute(
-        select(
-            func.sum(Batch.completed),
-            func.sum(Batch.failed),
-            func.sum(Batch.input_tokens),
-            func.sum(Batch.output_tokens),
-            func.sum(Batch.cached_tokens),
-        ).where(Batch.status.in_(TERMINAL_BATCH_STATUSES))
-    ).one()
+    sums = (
+        func.sum(Batch.completed),
+        func.sum(Batch.failed),
+        func.sum(Batch.input_tokens),
+        func.sum(Batch.output_tokens),
+        func.sum(Batch.cached_tokens),
+    )
+    for model, *done in session.execute(
+        select(Batch.model, *sums)
+        .where(Batch.status.in_(TERMINAL_BATCH_STATUSES))
+        .group_by(Batch.model)
+    ):
+        _add(t, model, done)
     live = session.execute(
         select(
+            Batch.model,
             func.sum(Shard.completed),
             func.sum(Shard.failed),
             func.sum(Shard.input_tokens),
@@ -234,9 +249,46 @@ def totals(session: Session, lease_seconds: float) -> Totals:
         )
         .join(Batch, Batch.id == Shard.batch_id)
         .where(Batch.status.not_in(TERMINAL_BATCH_STATUSES))
-    ).one()
-    t.completed, t.failed, t.input_tokens, t.output_tokens, t.cached_tokens = (
-        int(a or 0) + int(b or 0) for a, b in zip(done, live[:5], strict=True)
+        .group_by(Batch.model)
     )
-    t.queued_requests = int(live[5] or 0)
+    for model, *done, queued in live:
+        _add(t, model, done)
+        t.queued_requests += int(queued or 0)
     return t
+
+
+def _add(t: Totals, model: str | None, sums: Sequence[Any]) -> None:
+    p = t.done_by_model.setdefault(model or "", Progress())
+    for name, value in zip(
+        ("completed", "failed", "input_tokens", "output_tokens", "cached_tokens"), sums, strict=True
+    ):
+        setattr(p, name, getattr(p, name) + int(value or 0))
+
+
+def batch_durations(session: Session) -> dict[str, Durations]:
+    """Per model, how long ended batches took from creation to their end."""
+    end = func.coalesce(Batch.completed_at, Batch.cancelled_at, Batch.expired_at, Batch.failed_at)
+    return _histograms(session, end - Batch.created_at, end.is_not(None))
+
+
+def queue_waits(session: Session) -> dict[str, Durations]:
+    """Per model, how long batches waited from creation to `in_progress`."""
+    started = Batch.in_progress_at.is_not(None)
+    return _histograms(session, Batch.in_progress_at - Batch.created_at, started)
+
+
+def _histograms(
+    session: Session, seconds: ColumnElement[Any], where: ColumnElement[bool]
+) -> dict[str, Durations]:
+    under = [func.sum(case((seconds <= bound, 1), else_=0)) for bound in DURATION_BOUNDS]
+    rows = session.execute(
+        select(Batch.model, func.count(), func.sum(seconds), *under)
+        .where(where)
+        .group_by(Batch.model)
+    )
+    return {
+        model or "": Durations(
+            DURATION_BOUNDS, [int(n or 0) for n in at_most], int(count), float(total or 0)
+        )
+        for model, count, total, *at_most in rows
+    }
