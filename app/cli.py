@@ -2,6 +2,7 @@
 
 import argparse
 import ipaddress
+import logging
 import socket
 import sys
 from collections.abc import Callable, Sequence
@@ -79,10 +80,11 @@ def cmd_api(args: argparse.Namespace) -> int:
     settings = _settings(args)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     upgrade(settings.sqlalchemy_url)
-    access = check_bind_safety(settings)
-    print(f"overnight: {access_line(access)}", file=sys.stderr)
-    print(f"overnight: API on http://{settings.host}:{settings.port}/v1", file=sys.stderr)
     configure_logging(settings.log_level, settings.log_format)
+    log = logging.getLogger("overnight.api")
+    access = check_bind_safety(settings)
+    log.log(logging.WARNING if access.started_open else logging.INFO, "%s", access_line(access))
+    log.info("API on http://%s:%d/v1", settings.host, settings.port)
     uvicorn.run(
         create_app(settings, access),
         host=settings.host,
@@ -114,8 +116,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings = _settings(args)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     upgrade(settings.sqlalchemy_url)
+    # Raises on an unsafe bind; the API child logs the access line, once.
     access = check_bind_safety(settings)
-    print(f"overnight: {access_line(access)}", file=sys.stderr)
     served = [m.name for m in settings.models]
     models = [] if args.no_workers else (args.models.split(",") if args.models else served)
     if unknown := [m for m in models if m not in served]:

@@ -78,8 +78,9 @@ class Settings(BaseSettings):
 
     lease_seconds: float = 30.0
     log_level: str = "info"
-    # "json": one object a line with the request id (for log collectors); "text" for a terminal.
-    log_format: Literal["json", "text"] = "json"
+    # "json": one object a line with the request id (for log collectors); "text" for a
+    # terminal; "auto": text when stderr is a terminal, else JSON.
+    log_format: Literal["auto", "json", "text"] = "auto"
     housekeeping_interval_seconds: float = 5.0
     # Worker: how often finished lines are stored and counted (also the shard heartbeat and
     # how fast a cancel or an expiry is noticed), how often an idle worker looks for work,

@@ -16,8 +16,12 @@ request_id_var: ContextVar[str | None] = ContextVar("request_id", default=None)
 _STANDARD_ATTRS = frozenset(
     logging.LogRecord("", 0, "", 0, "", None, None).__dict__.keys() | {"message", "asctime"}
 )
-# Routes polled by machines: logged at DEBUG so that they do not drown the rest.
+# Routes polled by machines (probes, Prometheus, the dashboard's live feeds): logged at
+# DEBUG so that they do not drown the rest.
 _QUIET_PATHS = ("/healthz", "/readyz", "/metrics")
+_QUIET_PREFIX = "/dashboard/api/"
+# Not logged either: uvicorn's copy of the message in ANSI colours, for its own console.
+_NOT_EXTRAS = _STANDARD_ATTRS | {"color_message"}
 
 access_log = logging.getLogger("overnight.access")
 
@@ -36,7 +40,7 @@ class JsonFormatter(logging.Formatter):
         if request_id:
             entry["request_id"] = request_id
         for key, value in record.__dict__.items():
-            if key not in _STANDARD_ATTRS and key not in entry and not key.startswith("_"):
+            if key not in _NOT_EXTRAS and key not in entry and not key.startswith("_"):
                 entry[key] = value
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
@@ -55,10 +59,18 @@ class TextFormatter(logging.Formatter):
         return f"{line} [{request_id}]" if request_id else line
 
 
-def configure_logging(level: str = "info", fmt: str = "json") -> None:
-    """Route every logger (uvicorn's included) through one stderr handler."""
+def _is_quiet(method: str | None, path: str) -> bool:
+    return path in _QUIET_PATHS or (method == "GET" and path.startswith(_QUIET_PREFIX))
+
+
+def configure_logging(level: str = "info", fmt: str = "auto") -> None:
+    """Route every logger (uvicorn's included) through one stderr handler.
+
+    `fmt` "auto" is text on a terminal and JSON otherwise (a pipe, a file, a container).
+    """
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    text = fmt == "text" or (fmt == "auto" and sys.stderr.isatty())
+    handler.setFormatter(TextFormatter() if text else JsonFormatter())
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
@@ -109,7 +121,7 @@ class AccessLogMiddleware:
         finally:
             path = scope.get("path", "")
             access_log.log(
-                logging.DEBUG if path in _QUIET_PATHS else logging.INFO,
+                logging.DEBUG if _is_quiet(scope.get("method"), path) else logging.INFO,
                 "%s %s %d",
                 scope.get("method"),
                 path,

@@ -141,7 +141,7 @@ class Supervisor:
         def _stop(signum: int, _frame: object) -> None:
             if self.stopping.is_set():
                 return
-            print("\novernight: stopping…", file=sys.stderr)
+            log.info("stopping…")
             self.stopping.set()
 
         signal.signal(signal.SIGINT, _stop)
@@ -238,7 +238,7 @@ def serve(settings: Settings, models: Sequence[str], open_mode: bool) -> int:
             if wait_until_ready(url, children[0], supervisor.stopping):
                 print(banner(url, models, open_mode), flush=True)
         except RuntimeError as exc:
-            print(f"overnight: {exc}", file=sys.stderr)
+            log.error("%s", exc)
             supervisor.stopping.set()
             raise SystemExit(1) from None
 

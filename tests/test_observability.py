@@ -254,3 +254,19 @@ def test_batch_durations_are_histograms_by_model(http: httpx.Client, settings: S
     assert seen[(f"{wait}_sum", (model,))] == 6
     assert seen[(f"{wait}_bucket", (("le", "1.0"), model))] == 0
     assert seen[(f"{wait}_bucket", (("le", "5.0"), model))] == 3
+
+
+def test_json_lines_carry_no_ansi_colour_copy() -> None:
+    record = logging.getLogger("uvicorn.error").makeRecord(
+        "uvicorn.error",
+        logging.INFO,
+        __file__,
+        1,
+        "Started server process [%d]",
+        (7,),
+        None,
+        extra={"color_message": "Started server process [\x1b[36m%d\x1b[0m]"},
+    )
+    entry = orjson.loads(JsonFormatter().format(record))
+    assert entry["message"] == "Started server process [7]"
+    assert "color_message" not in entry

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import orjson
 import psutil
 
 from app.supervisor import Child, Supervisor
@@ -101,14 +102,15 @@ def test_serve_without_workers_prints_the_way_in_and_stops_on_ctrl_c(tmp_path: P
         **os.environ,
         "OVERNIGHT_DATA_DIR": str(tmp_path / "data"),
         "OVERNIGHT_DATABASE_URL": "",
-        "OVERNIGHT_LOG_FORMAT": "json",
     }
     env.pop("OVERNIGHT_ADMIN_KEY", None)
+    env.pop("OVERNIGHT_LOG_FORMAT", None)
+    logs = tmp_path / "stderr.log"
     serve = subprocess.Popen(
         [sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--no-workers"],
         env=env,
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stderr=logs.open("w"),
         text=True,
     )
     try:
@@ -127,12 +129,20 @@ def test_serve_without_workers_prints_the_way_in_and_stops_on_ctrl_c(tmp_path: P
         ready = httpx.get(f"{url}/readyz")
         assert ready.status_code == 200 and ready.json()["access"] == "open"
         assert httpx.get(f"{url}/dashboard").status_code == 200
+        assert httpx.get(f"{url}/dashboard/api/batches").status_code == 200
+        assert httpx.get(f"{url}/v1/models").status_code == 200
         api = [p for p in psutil.Process(serve.pid).children() if "api" in p.cmdline()]
         assert len(api) == 1
         serve.send_signal(signal.SIGINT)
         assert serve.wait(30) == 0
         assert not alive(api[0].pid)
         assert (tmp_path / "data" / "overnight.db").exists()
+        # Not a terminal: the log stream is JSON lines only, polling and probes left out.
+        entries = [orjson.loads(line) for line in logs.read_text().splitlines() if line]
+        paths = [e["path"] for e in entries if e["logger"] == "overnight.access"]
+        assert paths == ["/dashboard", "/v1/models"]
+        assert sum("open" in e["message"] for e in entries if e["level"] == "warning") == 1
+        assert not any("\x1b[" in str(e) for e in entries)
     finally:
         if serve.poll() is None:
             serve.kill()
