@@ -21,6 +21,9 @@ from pathlib import Path
 import httpx
 
 from app.config import CPU_KV_CACHE_GIB, Settings
+from app.db.session import session_scope
+from app.schemas.admin import WorkerState
+from app.services import monitoring
 from app.version import overnight_version
 
 log = logging.getLogger("overnight.serve")
@@ -159,6 +162,8 @@ def children_for(settings: Settings, models: Sequence[str]) -> list[Child]:
         # vLLM on CPU reserves 92% of the machine's memory for each engine unless told
         # otherwise, so a second engine could never start: give each a fixed KV cache.
         "VLLM_CPU_KVCACHE_SPACE": CPU_KV_CACHE_GIB,
+        # vLLM's start-up chatter (hundreds of lines) only when asked for.
+        "VLLM_LOGGING_LEVEL": "WARNING",
         **os.environ,
         "OVERNIGHT_DATA_DIR": data_dir,
     }
@@ -179,6 +184,20 @@ def public_url(settings: Settings) -> str:
     if ":" in host:
         host = f"[{host}]"
     return f"http://{host}:{settings.port}"
+
+
+def ready_line(settings: Settings, models: Sequence[str], since: float) -> str | None:
+    """ "ready: N workers serving …" once a worker started since `since` is up for each model."""
+    with session_scope(settings) as session:
+        workers = monitoring.list_workers(session, settings.lease_seconds)
+    up = [
+        w
+        for w in workers
+        if w.worker.started_at >= since and w.state in (WorkerState.IDLE, WorkerState.RUNNING)
+    ]
+    if not set(models) <= {w.worker.model for w in up}:
+        return None
+    return f"ready: {len(up)} workers serving {', '.join(sorted({w.worker.model for w in up}))}"
 
 
 def wait_until_ready(
@@ -233,10 +252,16 @@ def serve(settings: Settings, models: Sequence[str], open_mode: bool) -> int:
     supervisor.handle_signals()
     url = public_url(settings)
 
+    started = time.time()
+
     def announce() -> None:
         try:
             if wait_until_ready(url, children[0], supervisor.stopping):
                 print(banner(url, models, open_mode), flush=True)
+                while models and not supervisor.stopping.wait(1.0):
+                    if line := ready_line(settings, models, started):
+                        log.info("%s", line)
+                        break
         except RuntimeError as exc:
             log.error("%s", exc)
             supervisor.stopping.set()

@@ -17,9 +17,14 @@ from pathlib import Path
 import httpx
 import orjson
 import psutil
+from sqlalchemy import update
 
-from app.supervisor import Child, Supervisor
+from app.config import Settings
+from app.db.models import RegisteredWorker
+from app.db.session import session_scope, upgrade
+from app.supervisor import Child, Supervisor, ready_line
 from tests.harness import free_port
+from worker import registry
 
 # A child that starts a grandchild (as a worker starts vLLM's engine core) and records both.
 PARENT = textwrap.dedent(
@@ -147,3 +152,23 @@ def test_serve_without_workers_prints_the_way_in_and_stops_on_ctrl_c(tmp_path: P
         if serve.poll() is None:
             serve.kill()
             serve.wait()
+
+
+def test_ready_line_waits_for_a_fresh_worker_of_each_model(settings: Settings) -> None:
+    upgrade(settings.sqlalchemy_url)
+    since = time.time()
+    with session_scope(settings) as session:
+        registry.register(session, "old", "chat-model")
+        session.execute(
+            update(RegisteredWorker)
+            .where(RegisteredWorker.id == "old")
+            .values(started_at=since - 60)
+        )
+    assert ready_line(settings, ["chat-model", "embed-model"], since) is None
+    with session_scope(settings) as session:
+        registry.register(session, "w-chat", "chat-model")
+    assert ready_line(settings, ["chat-model", "embed-model"], since) is None
+    with session_scope(settings) as session:
+        registry.register(session, "w-embed", "embed-model")
+    line = ready_line(settings, ["chat-model", "embed-model"], since)
+    assert line == "ready: 2 workers serving chat-model, embed-model"

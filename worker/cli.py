@@ -23,6 +23,8 @@ from worker.models import (
 )
 
 DEFAULT_MODEL = "bundled:smollm2"
+log = logging.getLogger("overnight.worker")
+
 VLLM_HELP = (
     "Every vLLM engine argument is accepted too (--tensor-parallel-size, --max-model-len, "
     "--dtype, ...): `overnight worker --help=all` lists them, --help=<group> shows one "
@@ -168,11 +170,7 @@ async def serve(args: argparse.Namespace, settings: Settings) -> int:
             prefix_grouping=args.prefix_grouping,
             submission_log=args.submission_log,
         )
-        print(
-            f"overnight: worker {options.worker_id} serving {', '.join(engine.served_names)}",
-            file=sys.stderr,
-            flush=True,
-        )
+        log.info("worker %s serving %s", options.worker_id, ", ".join(engine.served_names))
         return await work(settings, engine, options, health, stop)
 
 
@@ -181,11 +179,13 @@ def main(argv: Sequence[str] | None = None, settings: Settings | None = None) ->
     import asyncio
 
     from app.config import get_settings
+    from app.logging import configure_logging
     from worker import process
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    settings = settings or get_settings()
+    configure_logging(settings.log_level, settings.log_format)
     try:
-        args, settings = parse(argv, settings or get_settings())
+        args, settings = parse(argv, settings)
     except ModelNotFoundError as exc:
         return _fail(exc)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
