@@ -97,7 +97,7 @@ def test_list_show_cancel_download_and_files(
     assert batch_id in capsys.readouterr().out
     assert main(run(server, "batches", "show", batch_id)) == 0
     shown = capsys.readouterr().out
-    assert "in_progress" in shown and "0 completed, 0 failed, 7 total" in shown
+    assert "in_progress" in shown and "0 ok, 0 failed, 7 total" in shown
 
     # Not finished: nothing to download yet.
     assert main(run(server, "batches", "download", batch_id)) == 1

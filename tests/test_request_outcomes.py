@@ -76,7 +76,7 @@ def test_unrun_requests_are_counted_apart(
 
     main(["batches", "show", batch.id, "--base-url", server.base_url, "--api-key", ADMIN_KEY])
     shown = capsys.readouterr().out
-    assert f"{counts.completed} ok, {ran_and_failed} failed, 6 {ending} of 10" in shown
+    assert f"{counts.completed} ok, {ran_and_failed} failed, 6 {ending}, 10 total" in shown
 
     browser = httpx.Client(base_url=server.url, timeout=30)
     browser.post("/dashboard/login", data={"key": ADMIN_KEY, "next": "/dashboard"})

@@ -120,7 +120,7 @@ def _show(batch: Batch) -> None:
         rows.append(
             (
                 "requests",
-                f"{output.outcomes(batch)} of {counts.total}",
+                f"{output.outcomes(batch)}, {counts.total} total",
             )
         )
     if batch.usage:
