@@ -259,8 +259,12 @@ def run_batch_through_sdk(port: int, source: Path, roots: dict[str, int]) -> Bat
     return BatchRun(done - started, end - seen.get("in_progress", started), output, cpu)
 
 
-def wait_for_line(path: Path, mark: bytes, times: int, process: subprocess.Popen[bytes]) -> None:
-    while path.read_bytes().count(mark) < times:
+READY = re.compile(rb"worker \S+ serving ")
+
+
+def wait_until_serving(path: Path, workers: int, process: subprocess.Popen[bytes]) -> None:
+    """Until the log says `worker … serving …` for this many workers (text or JSON logs)."""
+    while len(READY.findall(path.read_bytes())) < workers:
         assert process.poll() is None, path.read_text(errors="replace")[-3000:]
         time.sleep(0.2)
 
@@ -304,7 +308,7 @@ def run_tuned(
             cwd=REPO,
         )
     try:
-        wait_for_line(log, b"overnight: worker", 1, worker)
+        wait_until_serving(log, 1, worker)
         run = run_batch_through_sdk(port, source, {"api": api.pid, "worker": worker.pid})
     finally:
         stop(worker, api)
@@ -346,6 +350,7 @@ def run_shipped(model_dir: Path, source: Path, work: Path, count: int) -> Result
     (data / "models").mkdir()
     (data / "models" / model_dir.name).symlink_to(model_dir)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OVERNIGHT_", "VLLM_"))}
+    env["VLLM_LOGGING_LEVEL"] = "INFO"  # only so that vLLM's line with the dtype is logged
     port = free_port()
     log = data / "serve.log"
     started = time.monotonic()
@@ -359,7 +364,7 @@ def run_shipped(model_dir: Path, source: Path, work: Path, count: int) -> Result
             cwd=REPO,
         )
     try:
-        wait_for_line(log, b"overnight: worker", 2, serve)
+        wait_until_serving(log, 2, serve)
         warm_up = input_file(chats(2, repetitive=False), 8, work / "warm-up.jsonl")
         run_batch_through_sdk(port, warm_up, {})
         run = run_batch_through_sdk(port, source, serve_children(serve.pid))
