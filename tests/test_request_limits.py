@@ -83,6 +83,7 @@ def test_a_stalled_body_is_ended_and_its_connection_closed(limited: RunningServe
         started = time.monotonic()
         answer = _response(sock)
         assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
+        assert b"\r\nconnection: close\r\n" in answer.lower(), answer[:400]
         assert time.monotonic() - started < 9  # a 1 s timeout, on a loaded 2-core machine
         sock.settimeout(5)
         while sock.recv(65536):

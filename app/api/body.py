@@ -61,6 +61,8 @@ class BodyTimeoutMiddleware:
                     f"The request body stalled: no bytes for {self.idle_seconds:g} seconds.",
                     status_code=408,
                     code="request_timeout",
+                    # The rest of the body may still come: the connection cannot be reused.
+                    headers={"connection": "close"},
                 ) from None
             body_done = message["type"] != "http.request" or not message.get("more_body")
             return message
