@@ -279,6 +279,23 @@ def stop(*processes: subprocess.Popen[bytes]) -> None:
             process.kill()
 
 
+def deployment_result(
+    name: str, flags: str, log: Path, started: float, run: BatchRun, count: int
+) -> Result:
+    texts, tokens = texts_of(run.output, count)
+    return Result(
+        name,
+        flags,
+        logged_dtype(log.read_text(errors="replace")),
+        wall=time.monotonic() - started,
+        phase=run.wall_to_download,
+        tokens=tokens,
+        texts=texts,
+        running=run.running,
+        cpu=run.cpu,
+    )
+
+
 def run_tuned(
     model_dir: Path, source: Path, work: Path, dtype: str, count: int, *worker_flags: str
 ) -> Result:
@@ -312,21 +329,10 @@ def run_tuned(
         run = run_batch_through_sdk(port, source, {"api": api.pid, "worker": worker.pid})
     finally:
         stop(worker, api)
-    texts, tokens = texts_of(run.output, count)
     name = "(c) overnight tuned: api + worker" + (
         f" {' '.join(worker_flags)}" if worker_flags else ""
     )
-    return Result(
-        name,
-        " ".join(flags),
-        logged_dtype(log.read_text(errors="replace")),
-        wall=time.monotonic() - started,
-        phase=run.wall_to_download,
-        tokens=tokens,
-        texts=texts,
-        running=run.running,
-        cpu=run.cpu,
-    )
+    return deployment_result(name, " ".join(flags), log, started, run, count)
 
 
 def serve_children(pid: int) -> dict[str, int]:
@@ -370,18 +376,8 @@ def run_shipped(model_dir: Path, source: Path, work: Path, count: int) -> Result
         run = run_batch_through_sdk(port, source, serve_children(serve.pid))
     finally:
         stop(serve)
-    texts, tokens = texts_of(run.output, count)
-    return Result(
-        "(d) overnight as shipped: serve",
-        "(every default)",
-        logged_dtype(log.read_text(errors="replace")),
-        wall=time.monotonic() - started,
-        phase=run.wall_to_download,
-        tokens=tokens,
-        texts=texts,
-        running=run.running,
-        cpu=run.cpu,
-    )
+    name = "(d) overnight as shipped: serve"
+    return deployment_result(name, "(every default)", log, started, run, count)
 
 
 # -- memory: the worker loop on 50,000 lines, scripted engine, RSS sampled in the child --

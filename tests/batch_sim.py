@@ -14,6 +14,7 @@ import orjson
 from sqlalchemy import select, update
 
 from app.config import Settings
+from app.core.states import ShardStatus
 from app.db.models import Batch, File, ResultChunk, Shard
 from app.db.session import session_scope
 from app.ids import new_batch_request_id, new_file_id, new_request_id
@@ -137,7 +138,7 @@ def claim_shard(settings: Settings, owner: str, batch_id: str | None = None) -> 
         if row is None:
             return None
         shard, batch = row
-        shard.status, shard.lease_owner = "running", owner
+        shard.status, shard.lease_owner = ShardStatus.RUNNING, owner
         shard.lease_epoch += 1
         shard.heartbeat_at, shard.attempts = now, shard.attempts + 1
         key = session.scalar(select(File.storage_key).where(File.id == batch.input_file_id))
