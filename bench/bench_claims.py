@@ -251,7 +251,12 @@ def run(args: argparse.Namespace, kind: str, workers: int, base: Path) -> Run:
             for p in procs:
                 p.send_signal(signal.SIGTERM)
             for p in procs:
-                p.wait(60)
+                # SIGTERM drains for OVERNIGHT_WORKER_DRAIN_SECONDS; a starved machine takes longer.
+                try:
+                    p.wait(300)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
         stats = [json.loads((folder / f"worker-{i}.json").read_text()) for i in range(workers)]
         with session_scope(settings) as session:
             last_done = session.scalar(
@@ -293,25 +298,27 @@ def run(args: argparse.Namespace, kind: str, workers: int, base: Path) -> Run:
         )
 
 
-def report(kind: str, runs: list[Run]) -> None:
-    one = runs[0].requests / runs[0].seconds
-    print(f"\n{kind}: {runs[0].requests:,} requests")
+def header(kind: str, requests: int) -> None:
+    print(f"\n{kind}: {requests:,} requests")
     print(
         "| workers | req/s | speed-up | req/s to last shard | claiming | checkpointing "
         "| finalizing | claim p50 ms | claim p99 ms | checkpoint p99 ms | shards claimed "
         "| twice | unanswered | deadlocks | log errors | peak connections | worker CPU ms/req |"
     )
-    print("|" + "---|" * 17)
-    for r in runs:
-        rate = r.requests / r.seconds
-        print(
-            f"| {r.workers} | {rate:,.0f} | {rate / one:.1f}x | {r.requests / r.run_seconds:,.0f} "
-            f"| {r.claim_share:.2%} | {r.checkpoint_share:.2%} | {r.finalize_share:.2%} "
-            f"| {r.claim_p50_ms:.1f} | {r.claim_p99_ms:.1f} | {r.checkpoint_p99_ms:.1f} "
-            f"| {r.claims} | {r.twice} | {r.unanswered} | {r.deadlocks} | {r.log_problems} "
-            f"| {r.peak_connections} | {r.cpu_ms_per_request:.2f} |",
-            flush=True,
-        )
+    print("|" + "---|" * 17, flush=True)
+
+
+def row(r: Run, one: float) -> None:
+    """One worker count's line; `one` is one worker's requests/s."""
+    rate = r.requests / r.seconds
+    print(
+        f"| {r.workers} | {rate:,.0f} | {rate / one:.1f}x | {r.requests / r.run_seconds:,.0f} "
+        f"| {r.claim_share:.2%} | {r.checkpoint_share:.2%} | {r.finalize_share:.2%} "
+        f"| {r.claim_p50_ms:.1f} | {r.claim_p99_ms:.1f} | {r.checkpoint_p99_ms:.1f} "
+        f"| {r.claims} | {r.twice} | {r.unanswered} | {r.deadlocks} | {r.log_problems} "
+        f"| {r.peak_connections} | {r.cpu_ms_per_request:.2f} |",
+        flush=True,
+    )
 
 
 def main() -> int:
@@ -348,7 +355,12 @@ def main() -> int:
     )
     counts = [int(n) for n in args.workers.split(",")]
     for kind in args.loads.split(","):
-        report(kind, [run(args, kind, n, base) for n in counts])
+        header(kind, args.requests)
+        one = 0.0
+        for n in counts:
+            result = run(args, kind, n, base)
+            one = one or result.requests / result.seconds
+            row(result, one)
     return 0
 
 

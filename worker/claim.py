@@ -152,8 +152,6 @@ def checkpoint(
         select(Batch.status, Batch.expires_at).where(Batch.id == lease.batch_id)
     ).one()
     last = done and not session.scalar(
-        select(
-            exists().where(Shard.batch_id == lease.batch_id, Shard.status != ShardStatus.DONE)
-        )
+        select(exists().where(Shard.batch_id == lease.batch_id, Shard.status != ShardStatus.DONE))
     )
     return BatchState(status_row[0], status_row[1], last_shard=bool(last))
