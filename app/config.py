@@ -74,6 +74,13 @@ class Settings(BaseSettings):
     completion_windows: dict[str, int] = {"24h": 24 * 3600}
     max_reported_errors: int = 100
     shard_lines: int = 1000
+    # OpenAI's enqueued limits, per project and model: prompt tokens (estimated at validation)
+    # and requests of a project's unfinished batches. None: no limit. `*_limits` map a model
+    # name to its own limit, overriding the default for that model.
+    enqueued_token_limit: int | None = None
+    enqueued_token_limits: dict[str, int] = {}
+    enqueued_request_limit: int | None = None
+    enqueued_request_limits: dict[str, int] = {}
     models: list[ServedModel] = Field(default_factory=lambda: list(DEFAULT_MODELS))
 
     lease_seconds: float = 30.0
@@ -120,6 +127,13 @@ class Settings(BaseSettings):
     def storage_location(self) -> str:
         """What `storage_for` takes: the S3 URL, or else the local storage directory."""
         return self.storage_url or str(self.storage_dir)
+
+    def enqueued_limits(self, model: str) -> tuple[int | None, int | None]:
+        """The model's enqueued (tokens, requests) limits per project; None: unlimited."""
+        return (
+            self.enqueued_token_limits.get(model, self.enqueued_token_limit),
+            self.enqueued_request_limits.get(model, self.enqueued_request_limit),
+        )
 
     def served_model(self, name: str) -> ServedModel | None:
         return next((m for m in self.models if m.name == name), None)

@@ -10,7 +10,7 @@ newer one (fencing).
 import time
 from collections.abc import Sequence
 
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import and_, exists, or_, select, update
 from sqlalchemy.orm import Session
 
 from app.core.leases import BatchState, ShardLease
@@ -107,8 +107,14 @@ def checkpoint(
 
     `done` closes the shard, `release` hands it back as pending. Returns the batch's state,
     or None when the lease was lost (nothing was written then).
+
+    Closing a shard locks the batch row first (the finalizer's order: batch, then shards), so
+    of two holders closing a batch's last two shards at once, the second sees the first's
+    and exactly one learns that its shard was the last.
     """
     now = time.time()
+    if done:
+        session.execute(select(Batch.id).where(Batch.id == lease.batch_id).with_for_update())
     added = (progress or Progress()).values()
     status = ShardStatus.DONE if done else ShardStatus.PENDING if release else ShardStatus.RUNNING
     renewed = session.execute(
@@ -145,4 +151,7 @@ def checkpoint(
     status_row = session.execute(
         select(Batch.status, Batch.expires_at).where(Batch.id == lease.batch_id)
     ).one()
-    return BatchState(status_row[0], status_row[1])
+    last = done and not session.scalar(
+        select(exists().where(Shard.batch_id == lease.batch_id, Shard.status != ShardStatus.DONE))
+    )
+    return BatchState(status_row[0], status_row[1], last_shard=bool(last))

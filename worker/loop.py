@@ -182,7 +182,8 @@ class Worker:
         self._changed.set()
 
     def _run_ended(self, task: "asyncio.Task[ShardOutcome]") -> None:
-        lease = self.active.pop(task).lease
+        run = self.active.pop(task)
+        lease = run.lease
         error = None if task.cancelled() else task.exception()
         if task.cancelled():
             outcome = ShardOutcome.ABORTED
@@ -196,7 +197,9 @@ class Worker:
         else:
             outcome = task.result()
         log.info("shard %d of %s: %s %r", lease.index, lease.batch_id, outcome, error or "")
-        if outcome in FINALIZABLE_OUTCOMES:
+        # A shard that closes while others of its batch are open leaves nothing to finalize: a
+        # pass over every batch per shard would cost more than the shard's own checkpoints.
+        if outcome in FINALIZABLE_OUTCOMES and (outcome != ShardOutcome.DONE or run.closed_batch):
             self._finalize_wanted.set()
         self._changed.set()
 

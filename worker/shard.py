@@ -79,6 +79,8 @@ class ShardRun:
         self.writer = ResultWriter(storage, lease)
         self.fed_all = asyncio.Event()
         self.recorded = 0
+        # The run closed the batch's last open shard: the batch is ready to finalize.
+        self.closed_batch = False
         self._outstanding = 0
         self._wake = asyncio.Event()
         self._pending: Chunk | None = None
@@ -162,6 +164,7 @@ class ShardRun:
             if checkpoint.renewal is Renewal.LOST:
                 return await self._lost()
             if checkpoint.renewal is Renewal.CLOSED:
+                self.closed_batch = checkpoint.state is not None and checkpoint.state.last_shard
                 self._check_complete()
                 return ShardOutcome.DONE
             if checkpoint.state and (reason := checkpoint.state.should_stop(time.time())):

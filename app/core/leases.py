@@ -43,6 +43,9 @@ class BatchState:
 
     status: BatchStatus
     expires_at: int
+    # Set by the checkpoint that closes a shard: no other shard of the batch is open, so the
+    # batch is ready to finalize.
+    last_shard: bool = False
 
     def should_stop(self, now: float) -> ShardOutcome | None:
         """Why a holder must let go of the batch's shards now, if it must."""

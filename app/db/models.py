@@ -238,6 +238,8 @@ class Shard(ProgressColumns, Base):
     lease_epoch: Mapped[int] = mapped_column(Integer, default=0)
     heartbeat_at: Mapped[float | None] = mapped_column(Float)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
+    # The prompt tokens its lines enqueue, as validation estimated them (app/services/enqueued).
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     # Progress columns, as last checkpointed: always the sums over this shard's result chunks.
 
 

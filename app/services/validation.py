@@ -25,7 +25,7 @@ from app.db.models import Batch, File, Shard
 from app.db.session import session_scope
 from app.endpoints import canonical
 from app.schemas.batches import BatchError
-from app.services import batch_lease
+from app.services import batch_lease, enqueued
 from app.services.batch_end import end_batch
 from app.services.batch_lease import Heartbeat
 from app.services.jsonl import scan_lines
@@ -68,6 +68,7 @@ class ShardPlan:
     first_line: int
     byte_start: int
     line_count: int = 0
+    prompt_tokens: int = 0
 
 
 @dataclass
@@ -93,6 +94,8 @@ class LineChecker:
         self.endpoint = endpoint
         self.per_line = per_line
         self.model: str | None = settings.models[0].name if per_line else None
+        # Estimated prompt tokens of the requests checked so far (the enqueued-token limit).
+        self.prompt_tokens = 0
         # custom_id digests, not the strings: memory stays small however long the ids are.
         self._seen: dict[bytes, int] = {}
         self._model_errors: dict[str, tuple[str, str] | None] = {}
@@ -156,6 +159,7 @@ class LineChecker:
         if (problem := _require(line_no, "body", body, dict)) is not None:
             return problem
         assert isinstance(body, dict)
+        self.prompt_tokens += enqueued.estimate_prompt_tokens(body)
         model = body.get("model")
         if (problem := _require(line_no, "body.model", model, str)) is not None:
             return problem
@@ -257,9 +261,12 @@ def read_input(
             break
         if outcome.total % shard_lines == 0:
             outcome.shards.append(ShardPlan(len(outcome.shards), line_no, offset))
-        outcome.shards[-1].line_count += 1
+        shard = outcome.shards[-1]
+        shard.line_count += 1
         outcome.total += 1
+        tokens_before = checker.prompt_tokens
         problem = checker.check(line_no, raw)
+        shard.prompt_tokens += checker.prompt_tokens - tokens_before
         if problem is not None:
             outcome.errors.append(problem)
             if len(outcome.errors) >= settings.max_reported_errors:
@@ -379,7 +386,7 @@ def record(settings: Settings, lease: BatchLease, outcome: Outcome) -> BatchStat
         )
         status = None
         if batch is not None:
-            _apply(session, batch, outcome)
+            _apply(session, settings, batch, outcome)
             status = batch.status
         # Released even when fenced off: a cancel arriving mid-read is finished by the finalizer.
     if status is None:
@@ -387,8 +394,13 @@ def record(settings: Settings, lease: BatchLease, outcome: Outcome) -> BatchStat
     return status
 
 
-def _apply(session: Session, batch: Batch, outcome: Outcome) -> None:
+def _apply(session: Session, settings: Settings, batch: Batch, outcome: Outcome) -> None:
     now = int(time.time())
+    if not outcome.errors and outcome.model is not None:
+        tokens = sum(plan.prompt_tokens for plan in outcome.shards)
+        problem = enqueued.admit(session, settings, batch, outcome.model, outcome.total, tokens)
+        if problem is not None:
+            outcome.errors.append(problem)
     if outcome.errors:
         batch.errors = [e.model_dump() for e in outcome.errors]
         end_batch(session, batch, BatchStatus.FAILED, now)
@@ -408,6 +420,7 @@ def _apply(session: Session, batch: Batch, outcome: Outcome) -> None:
             line_count=plan.line_count,
             byte_start=plan.byte_start,
             byte_end=end,
+            prompt_tokens=plan.prompt_tokens,
         )
         for plan, end in zip(outcome.shards, ends, strict=True)
     )
