@@ -124,14 +124,14 @@ class Overnight:
         self.task = asyncio.create_task(self.worker.run(self.stop))
 
     def _create(self) -> str:
-        from app.db.session import session_factory
+        from app.db.session import session_scope
         from app.schemas.batches import CreateBatchRequest
         from app.services import batches
         from app.services.auth import DEFAULT_PROJECT, ensure_project
         from tests import batch_sim
 
         file_id = batch_sim.store_input_file(self.settings, self.source.read_bytes())
-        with session_factory(self.settings.sqlalchemy_url)() as session:
+        with session_scope(self.settings) as session:
             project = ensure_project(session, DEFAULT_PROJECT).id
             request = CreateBatchRequest(
                 input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
