@@ -1,7 +1,8 @@
 """The batch phase of overnight's worker against vLLM's `run_batch`, on one warm engine.
 
     .venv/bin/python bench/bench_phase.py [--requests 512] [--max-tokens 64] [--rounds 4]
-        [vLLM engine arguments, e.g. --max-num-seqs 128]
+        [--sizes default,128/2048] [--runners run_batch,worker] [--scripted SECONDS]
+        [vLLM engine arguments]
 
 bench_worker.py times whole deployments, so its differences of a second or two drown in
 engine starts and a shared machine's noise. Here one engine serves both, in one process,
@@ -9,7 +10,9 @@ the prefix cache reset before every run, rounds alternating:
   run_batch  vLLM's own `run_batch()` coroutine ("Reading batch" → "Writing outputs"),
   worker     overnight's worker loop on SQLite (batch in_progress → finalizing).
 Each run reports its timeline (first request into vLLM, last answer out) and how many
-requests vLLM held (waiting + running) over the run, sampled every 0.1 s.
+requests vLLM held (waiting + running) over the run, sampled every 0.1 s. `--scripted SECONDS`
+runs the worker alone on a scripted engine instead: its own cost around the engine (claim,
+shard set-up, last checkpoint, finalizer), without a model.
 """
 
 import argparse
@@ -18,6 +21,7 @@ import logging
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import median
@@ -51,22 +55,23 @@ class Run:
 class Sampler:
     """How many requests the engine holds, every 0.1 s, and when it first and last held any."""
 
-    def __init__(self, client: Any) -> None:
-        self.client = client
+    def __init__(self, held: Callable[[], int], every: float) -> None:
+        self.count = held
+        self.every = every
         self.held: list[int] = []
         self.first: float | None = None
         self.last = 0.0
 
     async def run(self) -> None:
         while True:
-            held = self.client.get_num_unfinished_requests()
+            held = self.count()
             now = time.monotonic()
             if held and self.first is None:
                 self.first = now
             if held:
                 self.last = now
             self.held.append(held)
-            await asyncio.sleep(SAMPLE_SECONDS)
+            await asyncio.sleep(self.every)
 
 
 class Stamps(logging.Handler):
@@ -82,8 +87,10 @@ class Stamps(logging.Handler):
                 self.seen[mark] = time.monotonic()
 
 
-async def sampled(client: Any, work: Any) -> tuple[Sampler, Any]:
-    sampler = Sampler(client)
+async def sampled(
+    held: Callable[[], int], work: Any, every: float = SAMPLE_SECONDS
+) -> tuple[Sampler, Any]:
+    sampler = Sampler(held, every)
     task = asyncio.create_task(sampler.run())
     try:
         return sampler, await work
@@ -97,7 +104,9 @@ async def run_vllm(client: Any, args: Any) -> Run:
     stamps = Stamps()
     run_batch.logger.addHandler(stamps)
     try:
-        sampler, _ = await sampled(client, run_batch.run_batch(client, args))
+        sampler, _ = await sampled(
+            client.get_num_unfinished_requests, run_batch.run_batch(client, args)
+        )
     finally:
         run_batch.logger.removeHandler(stamps)
     start, end = stamps.seen["Reading batch from"], stamps.seen["Writing outputs to"]
@@ -106,10 +115,23 @@ async def run_vllm(client: Any, args: Any) -> Run:
     )
 
 
+def held_by(engine: Any) -> Callable[[], int]:
+    """Requests inside the engine: vLLM's unfinished ones, or the scripted engine's running."""
+    client = getattr(engine, "client", None)
+    return client.get_num_unfinished_requests if client else lambda: int(engine.running)
+
+
 class Overnight:
     """A worker on its own SQLite deployment, fed one batch per run."""
 
-    def __init__(self, engine: Any, work: Path, source: Path, window: int | None) -> None:
+    def __init__(
+        self,
+        engine: Any,
+        work: Path,
+        source: Path,
+        window: int | None,
+        sample_seconds: float = SAMPLE_SECONDS,
+    ) -> None:
         from app.config import Settings
         from app.db.session import upgrade
         from worker.loop import Worker, WorkerOptions
@@ -118,7 +140,8 @@ class Overnight:
         self.settings.data_dir.mkdir(parents=True)
         upgrade(self.settings.sqlalchemy_url)
         self.source = source
-        self.client = engine.client
+        self.held = held_by(engine)
+        self.sample_seconds = sample_seconds
         self.worker = Worker(self.settings, engine, WorkerOptions("bench", window=window))
         self.stop = asyncio.Event()
         self.task = asyncio.create_task(self.worker.run(self.stop))
@@ -152,10 +175,10 @@ class Overnight:
 
         async def finalizing() -> float:
             while await asyncio.to_thread(self._status, batch_id) == "in_progress":
-                await asyncio.sleep(0.05)
+                await asyncio.sleep(min(0.05, self.sample_seconds))
             return time.monotonic()
 
-        sampler, end = await sampled(self.client, finalizing())
+        sampler, end = await sampled(self.held, finalizing(), self.sample_seconds)
         return Run(
             "worker",
             end - start,
@@ -177,6 +200,33 @@ class Setup:
     engine: Any
     batch_args: Any
     overnight: "Overnight"
+
+
+async def scripted(cli: argparse.Namespace) -> None:
+    """The worker alone on a scripted engine: what it costs around the engine, no model."""
+    from tests.fake_engine import FakeEngine
+
+    work = Path(tempfile.mkdtemp(prefix="overnight-phase-"))
+    source = input_file(chats(cli.requests, repetitive=False), cli.max_tokens, work / "in.jsonl")
+    engine = FakeEngine(delay=cli.scripted, max_num_seqs=256)
+    overnight = Overnight(engine, work / "deployment", source, cli.window, sample_seconds=0.005)
+    await asyncio.sleep(1.0)  # started and idle, as a deployment waits for work
+    runs = []
+    for _ in range(cli.rounds):
+        run = await overnight.run()
+        runs.append(run)
+        print(
+            f"worker on a {cli.scripted} s scripted engine: phase {run.phase:.3f} s, first in "
+            f"{run.first_in * 1000:.0f} ms, last out → finalizing "
+            f"{(run.phase - run.last_out) * 1000:.0f} ms",
+            flush=True,
+        )
+        await asyncio.sleep(0.5)
+    await overnight.close()
+    print(
+        f"median: first in {median(r.first_in for r in runs) * 1000:.0f} ms, "
+        f"overhead beyond the engine {median(r.phase for r in runs) - cli.scripted:.3f} s"
+    )
 
 
 async def bench(cli: argparse.Namespace, engine_argv: list[str]) -> None:
@@ -260,9 +310,15 @@ def main() -> None:
         help="engines to start, comma-separated: `default` (the worker's) or SEQS/TOKENS",
     )
     parser.add_argument("--runners", default="run_batch,worker")
+    parser.add_argument(
+        "--scripted",
+        type=float,
+        metavar="SECONDS",
+        help="no model: the worker alone on a scripted engine answering after SECONDS",
+    )
     cli, engine_argv = parser.parse_known_args()
     os.environ.update({k: v for k, v in ENV.items() if k not in os.environ})
-    asyncio.run(bench(cli, engine_argv))
+    asyncio.run(scripted(cli) if cli.scripted else bench(cli, engine_argv))
 
 
 if __name__ == "__main__":
