@@ -390,7 +390,7 @@ def memory_child(lines: int, target: str) -> None:
 
     from app.config import Settings
     from app.db.models import Batch
-    from app.db.session import session_factory, session_scope, upgrade
+    from app.db.session import session_scope, upgrade
     from app.schemas.batches import CreateBatchRequest
     from app.services import batches
     from app.services.auth import DEFAULT_PROJECT, ensure_project
@@ -405,7 +405,7 @@ def memory_child(lines: int, target: str) -> None:
     file_id = batch_sim.store_input_file(
         settings, (batch_sim.request_line(f"r{i}") + b"\n" for i in range(lines))
     )
-    with session_factory(settings.sqlalchemy_url)() as session:
+    with session_scope(settings) as session:
         project = ensure_project(session, DEFAULT_PROJECT).id
         request = CreateBatchRequest(
             input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
