@@ -90,8 +90,10 @@ class Settings(BaseSettings):
     log_format: Literal["auto", "json", "text"] = "auto"
     housekeeping_interval_seconds: float = 5.0
     # Worker: how often finished lines are stored and counted (also the shard heartbeat and
-    # how fast a cancel or an expiry is noticed), how often an idle worker looks for work,
-    # and how long SIGTERM lets in-flight requests finish before releasing their shards.
+    # how fast a cancel or an expiry is noticed), how often an idle worker looks for work
+    # (on SQLite it claims as soon as the database changes, and polls for lapsed leases only,
+    # every lease_seconds / 10 at most), and how long SIGTERM lets in-flight requests finish
+    # before releasing their shards.
     worker_checkpoint_seconds: float = 0.5
     worker_poll_seconds: float = 0.25
     worker_drain_seconds: float = 10.0

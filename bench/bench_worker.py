@@ -1,7 +1,7 @@
 """Throughput of overnight against vLLM's own offline paths, and the worker's memory.
 
     .venv/bin/python bench/bench_worker.py [--requests 512] [--max-tokens 64] [--rounds 3]
-        [--dtype auto] [--skip-repetition] [--skip-memory]
+        [--dtype auto] [--runners abcd] [--skip-repetition] [--skip-memory]
 
 Same generated input and model (the bundled SmolLM2, converted once) for every runner:
   (a) raw vLLM `LLM.chat`,
@@ -10,9 +10,10 @@ Same generated input and model (the bundled SmolLM2, converted once) for every r
   (d) overnight as shipped: `overnight serve` on a fresh data directory, every default as a
       newcomer gets it (both bundled workers, vLLM's default dtype, the default model length),
       after a 2-request warm-up batch.
-Each round runs (a)-(d) in turn; the best and median rounds are compared. The dtype and flags
-of every runner are printed, and every runner's greedy texts are compared with (a)'s: the
-speed ratios only mean something when they ran the same numbers and made the same tokens.
+Each round runs (a)-(d) in turn (or those --runners names); best and median rounds are
+compared. The dtype and flags of every runner are printed, and every runner's greedy texts
+are compared with (a)'s: the speed ratios only mean something when they ran the same
+numbers and made the same tokens.
 Then a realistic-repetition input (shared system prompt, a quarter exact duplicates) through
 (a) and (c) with and without prefix grouping + dedup, and the worker's RSS on a 50,000-line
 batch with a scripted engine (a real one at ~800 tokens/s would need an hour for it).
@@ -389,7 +390,7 @@ def memory_child(lines: int, target: str) -> None:
 
     from app.config import Settings
     from app.db.models import Batch
-    from app.db.session import session_factory, session_scope, upgrade
+    from app.db.session import session_scope, upgrade
     from app.schemas.batches import CreateBatchRequest
     from app.services import batches
     from app.services.auth import DEFAULT_PROJECT, ensure_project
@@ -404,7 +405,7 @@ def memory_child(lines: int, target: str) -> None:
     file_id = batch_sim.store_input_file(
         settings, (batch_sim.request_line(f"r{i}") + b"\n" for i in range(lines))
     )
-    with session_factory(settings.sqlalchemy_url)() as session:
+    with session_scope(settings) as session:
         project = ensure_project(session, DEFAULT_PROJECT).id
         request = CreateBatchRequest(
             input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
@@ -479,33 +480,48 @@ def best(results: list[Result]) -> Result:
     return min(results, key=lambda r: r.phase)
 
 
+def running_of(result: Result) -> float:
+    """The batch phase that compares with run_batch's: in_progress → finalizing for ours."""
+    return result.phase if result.running != result.running else result.running
+
+
 def report(runs: dict[str, list[Result]]) -> None:
-    raw = best(runs["a"])
-    print(HEADER)
-    for key in "abcd":
+    keys = [key for key in "abcd" if runs[key]]
+    base_key = keys[0]  # (a) when it ran
+    raw = best(runs[base_key])
+    print(HEADER.replace("vs (a)", f"vs ({base_key})"))
+    for key in keys:
         print(row(best(runs[key]), raw), flush=True)
-    for key in "abcd":
+    for key in keys:
         first = runs[key][0]
         print(f"  {first.runner}: flags {first.flags}")
         spread = ", ".join(f"{r.phase:.1f}/{r.running:.1f}/{r.wall:.1f}" for r in runs[key])
         print(f"    every round (batch s / running s / wall s): {spread}")
     for key in "cd":
-        for name, share in best(runs[key]).cpu.items():
+        for name, share in best(runs[key]).cpu.items() if runs[key] else ():
             print(
                 f"  {best(runs[key]).runner} CPU while running: {name} {share * 100:.0f}% of a core"
             )
-    raw_median = median(r.phase for r in runs["a"])
-    for key in "cd":
+    raw_median = median(r.phase for r in runs[base_key])
+    for key in (k for k in "cd" if runs[k]):
         ours = best(runs[key])
         median_ratio = raw_median / median(r.phase for r in runs[key])
-        running_ratio = raw.phase / ours.running
+        fastest = min(running_of(r) for r in runs[key])
+        typical = median(running_of(r) for r in runs[key])
         print(
-            f"{ours.runner} / (a), batch phase upload to download: {ours.rate / raw.rate:.3f} "
-            f"best vs best, {median_ratio:.3f} median vs median; in_progress to finalizing: "
-            f"{running_ratio:.3f}; (b)'s batch phase / its in_progress to finalizing: "
-            f"{best(runs['b']).phase / ours.running:.3f}"
+            f"{ours.runner} / ({base_key}), batch phase upload to download: "
+            f"{ours.rate / raw.rate:.3f} best vs best, {median_ratio:.3f} median vs median; "
+            f"in_progress to finalizing {fastest:.1f} s best, {typical:.1f} s median: "
+            f"({base_key}) / it {raw.phase / fastest:.3f} best, {raw_median / typical:.3f} median"
         )
-    if any(best(runs[k]).dtype != raw.dtype for k in "bcd"):
+        if runs["b"]:
+            batch_phases = [r.phase for r in runs["b"]]
+            print(
+                f"  (b) run_batch's batch phase / its in_progress to finalizing: "
+                f"{min(batch_phases) / fastest:.3f} best vs best, "
+                f"{median(batch_phases) / typical:.3f} median vs median"
+            )
+    if any(best(runs[k]).dtype != raw.dtype for k in keys):
         print("NOTE: the runners did not all run in the same dtype: their ratios compare dtypes")
 
 
@@ -527,6 +543,11 @@ def main() -> None:
         default=3,
         help="rounds of (a)-(d) in turn; best and median shown (a shared 2-core machine is noisy)",
     )
+    parser.add_argument(
+        "--runners",
+        default="abcd",
+        help="which of (a)-(d) to run, e.g. `bd` for run_batch against the shipped default",
+    )
     args = parser.parse_args()
 
     from worker.models import ensure_converted
@@ -537,11 +558,20 @@ def main() -> None:
     plain = chats(n, repetitive=False)
     source = input_file(plain, args.max_tokens, work / "plain.jsonl")
     runs: dict[str, list[Result]] = {key: [] for key in "abcd"}
+    runners = {
+        "a": lambda: run_raw(model_dir, plain, args.max_tokens, work, args.dtype),
+        "b": lambda: run_vllm_batch(model_dir, source, work, args.dtype, n),
+        "c": lambda: run_tuned(model_dir, source, work, args.dtype, n),
+        "d": lambda: run_shipped(model_dir, source, work, n),
+    }
     for _ in range(args.rounds):
-        runs["a"].append(run_raw(model_dir, plain, args.max_tokens, work, args.dtype))
-        runs["b"].append(run_vllm_batch(model_dir, source, work, args.dtype, n))
-        runs["c"].append(run_tuned(model_dir, source, work, args.dtype, n))
-        runs["d"].append(run_shipped(model_dir, source, work, n))
+        for key in args.runners:
+            runs[key].append(runners[key]())
+            print(
+                f"  {runs[key][-1].runner}: {runs[key][-1].phase:.1f} s batch phase, "
+                f"{running_of(runs[key][-1]):.1f} s running",
+                flush=True,
+            )
     report(runs)
 
     if not args.skip_repetition:

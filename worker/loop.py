@@ -1,11 +1,14 @@
 """The worker: claim shards → run them through one shared in-flight window → finalize.
 
 The next shard is claimed as soon as every running shard has fed all its lines, so the engine
-never drains at a shard boundary. Two side tasks are supervised: the worker's own heartbeat
-(the `workers` row) and the finalizer trigger. A database outage never stops the worker: a
-shard whose lease cannot be renewed is let go (worker/shard.py), the heartbeat probes the
-database with backoff while the health says `waiting_for_database`, and claiming resumes
-when it answers; only a dead engine stops the process. SIGTERM stops claiming, lets
+never drains at a shard boundary. An idle worker on SQLite looks every 20 ms whether the
+database changed (`app.db.changes`) and claims then, so a batch starts within milliseconds
+of going in_progress; the claim poll (`worker_poll_seconds`) remains for what no commit
+announces (a lapsed lease) and for PostgreSQL. Two side tasks are supervised: the worker's
+own heartbeat (the `workers` row) and the finalizer trigger. A database outage never stops
+the worker: a shard whose lease cannot be renewed is let go (worker/shard.py), the heartbeat
+probes the database with backoff while the health says `waiting_for_database`, and claiming
+resumes when it answers; only a dead engine stops the process. SIGTERM stops claiming, lets
 in-flight requests finish for a short while, checkpoints and releases every lease.
 """
 
@@ -16,10 +19,12 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from app.config import Settings
 from app.core.leases import ShardLease
 from app.core.states import FINALIZABLE_OUTCOMES, ShardOutcome
+from app.db.changes import ChangeWatch, watch_for
 from app.db.session import session_scope, upgrade
 from app.storage import Storage, storage_of
 from worker import claim, registry
@@ -33,6 +38,8 @@ from worker.shard import RunOptions, ShardRun
 log = logging.getLogger("overnight.worker")
 
 SHARD_ERROR_PAUSE_SECONDS = 5.0
+# How often a worker that may claim looks whether the database changed (microseconds each).
+WATCH_SECONDS = 0.02
 
 
 @dataclass(frozen=True)
@@ -90,6 +97,9 @@ class Worker:
         self._finalize_wanted = asyncio.Event()
         self._fatal: BaseException | None = None
         self._claim_after = 0.0
+        self._watch = watch_for(settings.sqlalchemy_url)
+        self._seen_version: int | None = None
+        self._next_poll = 0.0
 
     async def run(self, stop: asyncio.Event) -> int:
         """Work until `stop` is set (0) or something fatal happens (1)."""
@@ -108,17 +118,23 @@ class Worker:
                 if broken := next((t for t in side if t.done()), None):
                     self._fatal = broken.exception() or RuntimeError(f"{broken.get_name()} ended")
                     break
-                if self._may_claim() and await self._claim():
+                ready = self._may_claim()
+                if ready and self._claim_due() and await self._claim():
                     continue
                 self._changed.clear()
-                changed = asyncio.create_task(self._changed.wait())
+                waiters: list[asyncio.Task[Any]] = [asyncio.create_task(self._changed.wait())]
+                if ready and self._watch is not None:
+                    waiters.append(asyncio.create_task(self._database_changed(self._watch)))
                 await asyncio.wait(
-                    [stopper, changed, *side],
-                    timeout=self.settings.worker_poll_seconds,
+                    [stopper, *waiters, *side],
+                    timeout=self._poll_seconds(),
                     return_when=asyncio.FIRST_COMPLETED,
                 )
-                changed.cancel()
+                for waiter in waiters:
+                    waiter.cancel()
         finally:
+            if self._watch is not None:
+                self._watch.close()
             stopper.cancel()
             self.health.set(WorkerState.DRAINING)
             await self._stop_runs()
@@ -148,6 +164,31 @@ class Worker:
             return False
         runs = self.active.values()
         return len(runs) < self.options.max_active_shards and all(r.fed_all.is_set() for r in runs)
+
+    def _poll_seconds(self) -> float:
+        """How often to claim regardless: with a watch, only a lapsed lease goes unannounced,
+        and a lease takes `lease_seconds` to lapse."""
+        poll = self.settings.worker_poll_seconds
+        return poll if self._watch is None else max(poll, self.settings.lease_seconds / 10)
+
+    def _claim_due(self) -> bool:
+        """Whether a claim is worth its transaction: the database changed, or the poll is due.
+
+        The version is read before the claim, so a commit during it shows as a change next time.
+        """
+        now = time.monotonic()
+        version = self._watch.version() if self._watch is not None else None
+        if version is not None and version == self._seen_version and now < self._next_poll:
+            return False
+        self._seen_version = version
+        self._next_poll = now + self._poll_seconds()
+        return True
+
+    async def _database_changed(self, watch: ChangeWatch) -> None:
+        version = watch.version()
+        while version is not None and version == self._seen_version:
+            await asyncio.sleep(WATCH_SECONDS)
+            version = watch.version()
 
     async def _claim(self) -> bool:
         def take() -> ShardLease | None:

@@ -1,0 +1,116 @@
+"""When the engine gets work: as soon as a batch is in_progress, and across shard boundaries.
+
+A scripted engine and the real worker loop on the real database; the assertions are about
+order and about bounds far below the poll interval, not about speed.
+"""
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+import pytest
+
+from app.config import Settings
+from app.db.session import session_scope, upgrade
+from app.endpoints import CHAT
+from app.schemas.batches import CreateBatchRequest
+from app.services import batches
+from app.services.auth import DEFAULT_PROJECT, ensure_project
+from app.services.validation import validate_pending
+from app.storage import storage_of
+from tests import batch_sim
+from tests.fake_engine import MODEL, FakeEngine, ThreadedWorker
+from worker.engine import EngineResult
+from worker.health import WorkerState
+
+
+class Recording(FakeEngine):
+    """Remembers when each line entered the engine, and how many others it held then."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.started: dict[int, float] = {}
+        self.beside: dict[int, int] = {}
+
+    async def run(self, endpoint: str, body: dict[str, Any], request_id: str) -> EngineResult:
+        line = int(body["messages"][-1]["content"])
+        self.started[line], self.beside[line] = time.monotonic(), self.running
+        return await super().run(endpoint, body, request_id)
+
+
+def in_progress_batch(settings: Settings, lines: int) -> str:
+    """A batch of `lines` requests through creation and validation: in_progress.
+
+    Line i asks for itself as content and takes 0.1 to 0.34 s in the engine: spread out, so
+    that finishing requests free their slots one at a time.
+    """
+    bodies = (
+        {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": str(i)}],
+            "delay": 0.1 + 0.04 * (i % 7),
+        }
+        for i in range(lines)
+    )
+    data = batch_sim.jsonl(
+        orjson.dumps({"custom_id": f"r{i}", "method": "POST", "url": CHAT, "body": body})
+        for i, body in enumerate(bodies)
+    )
+    file_id = batch_sim.store_input_file(settings, data)
+    with session_scope(settings) as session:
+        project = ensure_project(session, DEFAULT_PROJECT).id
+        request = CreateBatchRequest(input_file_id=file_id, endpoint=CHAT, completion_window="24h")
+        batch_id = batches.create_batch(session, settings, project, request).id
+    validate_pending(settings, "test", storage_of(settings))
+    assert batch_sim.load_batch(settings, batch_id).status == "in_progress"
+    return batch_id
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_an_idle_worker_claims_as_the_batch_goes_in_progress(
+    settings: Settings, backend: str
+) -> None:
+    if backend != "sqlite":
+        pytest.skip("PostgreSQL has no change counter to watch: there the worker polls")
+    # A poll this slow cannot be what finds the batch: the database watch has to.
+    settings = settings.model_copy(update={"worker_poll_seconds": 60.0, "lease_seconds": 600.0})
+    upgrade(settings.sqlalchemy_url)
+    engine = Recording()
+    with ThreadedWorker(settings, engine) as worker:
+        assert worker.worker is not None
+        wait_for(
+            lambda: worker.worker is not None and worker.worker.health.state is WorkerState.READY
+        )
+        time.sleep(0.5)  # its first claim, which found nothing, is behind it
+        started = time.monotonic()
+        batch_id = in_progress_batch(settings, 4)
+        wait_for(lambda: len(engine.started) == 4)
+        picked_up = min(engine.started.values()) - started
+        wait_for(lambda: batch_sim.load_batch(settings, batch_id).status == "completed")
+    assert picked_up < 2.0, f"the first request reached the engine {picked_up:.2f} s after"
+
+
+def test_the_next_shard_reaches_the_engine_before_the_current_one_drains(
+    settings: Settings,
+) -> None:
+    shard_lines, shards = 24, 3
+    settings = settings.model_copy(update={"shard_lines": shard_lines})
+    upgrade(settings.sqlalchemy_url)
+    engine = Recording(max_num_seqs=4)  # a window of 8
+    with ThreadedWorker(settings, engine):
+        batch_id = in_progress_batch(settings, shard_lines * shards)
+        wait_for(lambda: batch_sim.load_batch(settings, batch_id).status == "completed", 60)
+    assert engine.peak == 8
+    for shard in range(1, shards):
+        lines = range(shard * shard_lines, (shard + 1) * shard_lines)
+        first = min(lines, key=lambda line: engine.started[line])
+        # Had the engine drained at the boundary, nothing would have been beside it; in a
+        # window refilled one slot at a time, about 7 requests of the shard before were.
+        assert engine.beside[first] >= 4, (shard, engine.beside[first])
