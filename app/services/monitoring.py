@@ -155,7 +155,8 @@ def _filtered(where: BatchFilter) -> Select[Batch, str]:
         query = query.where(Batch.seq < older)
     if where.search:
         # Metadata is stored as SQLAlchemy's `json.dumps` text (SQLite's JSON, PostgreSQL's
-        # `json`): the search text, encoded the same way, matches inside it.
+        # `json`): the search text, encoded the same way, matches inside it (ASCII letters
+        # in any case; others are `\\u` escapes there).
         encoded = json.dumps(where.search)[1:-1]
         pattern = f"%{_escape_like(encoded)}%"
         metadata = cast(Batch.metadata_, Text)
