@@ -338,8 +338,8 @@ def test_overview_search_pages_workers_and_files(
     long_file = sdk.files.create(file=(long_name, b"{}\n"), purpose="batch").id
 
     page, alerts = open_page(browser, server)
-    log_in(page, server, "/dashboard/overview")
     with registry.LoadingBeat(settings, "fake-loading", batch_sim.MODEL, every=0.5) as beat:
+        log_in(page, server, "/dashboard/overview")
         expect(page.locator('[data-field="workers_loading"]')).to_have_text("1")
         expect(page.locator(".chart rect")).to_have_count(60)
         bars = page.locator(".chart rect").evaluate_all(
@@ -379,7 +379,7 @@ def test_overview_search_pages_workers_and_files(
     page.click(".search button[type=submit]")
     expect(page.locator("#batches tbody tr")).to_have_count(1)
     expect(page.locator('#batches [data-field="id"]')).to_have_text(tagged)
-    page.goto(server.url + "/dashboard")
+    page.fill("input[name=q]", "")
     page.fill("input[name=custom_id]", "n-7")
     page.click(".search button[type=submit]")
     expect(page.locator('#batches [data-field="id"]')).to_have_text([needle])
@@ -391,7 +391,6 @@ def test_overview_search_pages_workers_and_files(
     page.click("#older")
     expect(page.locator('#batches [data-field="id"]')).to_have_text([tagged])
     expect(page.locator("#older")).to_have_count(0)
-    page.goto(server.url + "/dashboard")
     page.fill("input[name=from]", "2001-01-01")
     page.fill("input[name=to]", "2001-01-02")
     page.click(".search button[type=submit]")

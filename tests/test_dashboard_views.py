@@ -306,4 +306,5 @@ def test_chart_axes_are_round_numbers() -> None:
     ]
     axes = views.chart_axes([(0.0, 3.0), (120.0, 1.0)])
     assert (axes["y_top"], axes["y_mid"]) == ("5", "2.5")
-    assert (axes["x_start"], axes["x_mid"], axes["x_end"]) == ("00:00:00", "00:01:00", "00:02:00")
+    # Two bars of 120 s each: the axis runs to the second one's end.
+    assert (axes["x_start"], axes["x_mid"], axes["x_end"]) == ("00:00:00", "00:02:00", "00:04:00")

@@ -187,8 +187,12 @@ def chart_caption(series: list[tuple[float, float]], status: BatchStatus) -> str
 def chart_axes(series: list[tuple[float, float]], clock: str = "%H:%M:%S") -> Row:
     """The bars' scale and the labels of both axes, for the template and the feed alike."""
     top = nice_ceiling(max((rate for _t, rate in series), default=0.0))
-    start, end = (series[0][0], series[-1][0]) if series else (None, None)
-    mid = None if start is None or end is None else (start + end) / 2
+    start = end = mid = None
+    if series:
+        # Each point is a bar as wide as the spacing: the axis runs to the last bar's end.
+        step = series[1][0] - series[0][0] if len(series) > 1 else 1.0
+        start, end = series[0][0], series[-1][0] + step
+        mid = (start + end) / 2
 
     def at(ts: float | None) -> str:
         return datetime.fromtimestamp(ts, UTC).strftime(clock) if ts is not None else ""

@@ -125,7 +125,7 @@ function svgEl(name, attrs, text) {
 function drawChart(svg, series, top) {
   const [w, h] = [600, 160];
   const max = top || Math.max(...series.map((p) => p[1]), 1e-9);
-  const slot = w / Math.max(series.length, 10);
+  const slot = w / Math.max(series.length, 1);
   const grid = [0, 0.5].map((f) => svgEl("line", { x1: 0, y1: h * f + 0.5, x2: w, y2: h * f + 0.5, class: "grid-line" }));
   const bars = series.map(([, v], i) => {
     const height = v > 0 ? Math.max((v / max) * h, 1) : 0;
