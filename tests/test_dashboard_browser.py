@@ -366,11 +366,11 @@ def test_overview_search_pages_workers_and_files(
         expect(old.locator('[data-field="state"]')).to_have_text("stopped")
         expect(old.locator('[data-field="uptime"]')).to_have_text(re.compile(r"^stopped .* ago$"))
         phone = phone_like(browser, server, page)
-        for path in ("/dashboard/overview", "/dashboard/workers"):
-            phone.goto(server.url + path)
+        for name in ("overview", "workers", "keys"):
+            phone.goto(f"{server.url}/dashboard/{name}")
             expect(phone.locator("h1")).to_be_visible()
             fits_phone(phone)
-        shot(phone, f"phone-overview-{backend}")
+            shot(phone, f"phone-{name}-{backend}")
         beat.ready()
 
     # Search: metadata, then a custom_id (read from the input files, once, not polled).
@@ -399,6 +399,7 @@ def test_overview_search_pages_workers_and_files(
     phone.goto(server.url + "/dashboard?custom_id=n-7")
     expect(phone.locator('#batches [data-field="id"]')).to_have_text([needle])
     fits_phone(phone)
+    shot(phone, f"phone-search-{backend}")
 
     # A long file name folds on a phone; delete asks first, then the file is gone.
     phone.goto(server.url + "/dashboard/files")

@@ -1,7 +1,10 @@
 """The dashboard's view data straight from the services, on SQLite and PostgreSQL (no server)."""
 
+import argparse
+import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -21,7 +24,8 @@ from app.services.files import preview_file
 from app.services.fleet import day_start
 from app.storage import Storage, storage_for
 from tests import batch_sim
-from worker import registry
+from worker import cli as worker_cli
+from worker import engine, registry
 
 NOW = time.time()
 DAY = 86400
@@ -229,7 +233,7 @@ def test_overview_queue_workers_tokens_and_series(db: Settings, storage: Storage
         found = content.overview(session, lease_seconds=60)
         workers = {r["id"]: r for r in content.worker_rows(session, 60)}
     assert (found["workers_up"], found["workers_loading"], found["workers_stale"]) == (1, 1, 1)
-    assert found["tokens_per_second"] == "25.0 tok/s"  # the idle one and the loading one
+    assert found["tokens_per_second"] == "12.5 tok/s"  # the one serving
     assert found["queued_requests"] == 7
     [model] = found["models"]
     assert (model["model"], model["queued"], model["running_batches"]) == (batch_sim.MODEL, 7, 1)
@@ -290,6 +294,35 @@ def test_a_worker_is_listed_while_its_engine_loads(db: Settings) -> None:
         time.sleep(0.2)
         raise RuntimeError("the engine did not start")
     assert state("w-2") == WorkerState.STOPPED
+
+
+def test_worker_serve_is_listed_while_its_engine_loads(
+    db: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`overnight worker`'s own start-up path, with an engine that loads and then fails."""
+    seen: list[WorkerState] = []
+
+    @asynccontextmanager
+    async def loading_engine(_args: argparse.Namespace) -> AsyncIterator[None]:
+        deadline = time.monotonic() + 10
+        while not seen:
+            with session_scope(db) as session:
+                seen.extend(v.state for v in monitoring.list_workers(session, 60))
+            assert time.monotonic() < deadline, "the loading worker was never listed"
+            await asyncio.sleep(0.05)
+        raise RuntimeError("the engine did not start")
+        yield
+
+    monkeypatch.setattr(engine, "start_engine", loading_engine)
+    args = argparse.Namespace(
+        worker_id="w-cli", health_file=None, served_model_name=["chat"], model="/models/chat"
+    )
+    with pytest.raises(RuntimeError, match="did not start"):
+        asyncio.run(worker_cli.serve(args, db))
+    assert seen == [WorkerState.LOADING]
+    with session_scope(db) as session:
+        [gone] = monitoring.list_workers(session, 60)
+    assert (gone.worker.model, gone.state) == ("chat", WorkerState.STOPPED)
 
 
 def test_chart_axes_are_round_numbers() -> None:

@@ -16,7 +16,7 @@ from app.core.states import CANCELLABLE_BATCH_STATUSES, TERMINAL_BATCH_STATUSES,
 from app.db.models import File, RegisteredWorker
 from app.schemas.admin import WorkerState
 from app.services.files import Preview
-from app.services.fleet import Fleet
+from app.services.fleet import SERVING_STATES, Fleet
 from app.services.monitoring import BatchView, WorkerView
 
 Row = dict[str, Any]
@@ -283,7 +283,7 @@ def preview(p: Preview) -> Row:
 
 def fleet_overview(f: Fleet) -> Row:
     """The overview page's figures (the chart is added by the caller)."""
-    up = sum(f.workers[s] for s in (WorkerState.IDLE, WorkerState.RUNNING))
+    up = sum(f.workers[s] for s in SERVING_STATES)
     return {
         "workers_up": up,
         "workers_loading": f.workers[WorkerState.LOADING],

@@ -13,7 +13,7 @@ from app.db.models import Batch, Project, Shard
 from app.schemas.admin import WorkerState
 from app.services import monitoring
 
-UP_STATES = (WorkerState.LOADING, WorkerState.IDLE, WorkerState.RUNNING)
+SERVING_STATES = (WorkerState.IDLE, WorkerState.RUNNING)
 
 
 @dataclass
@@ -68,11 +68,12 @@ def fleet(session: Session, lease_seconds: float) -> Fleet:
     workers: Counter[WorkerState] = Counter()
     rate = 0.0
     for view in monitoring.list_workers(session, lease_seconds):
-        if view.state in (WorkerState.STOPPED,):
+        if view.state == WorkerState.STOPPED:
             continue
         workers[view.state] += 1
         queue(view.worker.model).workers[view.state] += 1
-        rate += view.worker.tokens_per_second if view.state in UP_STATES else 0.0
+        if view.state in SERVING_STATES:
+            rate += view.worker.tokens_per_second
     return Fleet(
         sorted(queues.values(), key=lambda q: q.model),
         workers,
