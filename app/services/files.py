@@ -156,6 +156,8 @@ def preview_file(
 ) -> Preview:
     """The first lines of a file, reading at most `max_bytes` of it from storage."""
     row = get_file(session, project_id, file_id)
+    if row.purpose in UNDOWNLOADABLE_PURPOSES:
+        raise OpenAIError(f"Not allowed to download files of purpose: {row.purpose}")
     end = min(row.bytes, max_bytes)
     data = b"".join(storage.read(row.storage_key, 0, end)) if end else b""
     pieces = data.split(b"\n")
