@@ -409,6 +409,7 @@ def test_overview_search_pages_workers_and_files(
     page.goto(server.url + "/dashboard/files")
     row = page.locator(f'tr[data-key="{long_file}"]')
     expect(row.locator('[data-field="filename"]')).to_have_text(long_name)
+    no_horizontal_scroll(page)
     row.locator("[data-action=delete]").click()  # confirm() is accepted by Alerts
     expect(row).to_have_count(0)
     with pytest.raises(openai.NotFoundError):
