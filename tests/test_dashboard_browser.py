@@ -320,6 +320,8 @@ def test_retry_from_the_batch_page(
     assert alerts.alerts == []
 
 
+# The queries behind these pages run on both backends in test_dashboard_views.py.
+@pytest.mark.backends("sqlite")
 def test_overview_search_pages_workers_and_files(
     browser: Browser, server: RunningServer, sdk: openai.OpenAI, backend: str
 ) -> None:
