@@ -1,7 +1,7 @@
 """record when a worker's engine was up, so a loading worker is listed as loading
 
-Revision ID: 0005_dash_fleet
-Revises: 0004
+Revision ID: 0006_dash_fleet
+Revises: 0005_limits
 Create Date: 2026-12-01 13:20:00
 """
 
@@ -10,8 +10,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0005_dash_fleet"
-down_revision: str | None = "0004"
+revision: str = "0006_dash_fleet"
+down_revision: str | None = "0005_limits"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
