@@ -28,7 +28,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "backend" in metafunc.fixturenames:
         chosen = metafunc.config.getoption("--backend")
-        metafunc.parametrize("backend", BACKENDS if chosen == "all" else [chosen], scope="function")
+        backends = BACKENDS if chosen == "all" else [chosen]
+        # `@pytest.mark.backends("sqlite")`: a test whose database part is covered elsewhere.
+        if only := metafunc.definition.get_closest_marker("backends"):
+            backends = [b for b in backends if b in only.args]
+        metafunc.parametrize("backend", backends, scope="function")
 
 
 @pytest.fixture

@@ -189,12 +189,17 @@ class WorkerProcess:
             )
 
     def wait_ready(self, timeout: float = 300) -> None:
-        """Until the worker registered itself, which it does once its engine runs."""
+        """Until the worker's engine runs (its row is written as `loading` before that)."""
         deadline = time.monotonic() + timeout
         while True:
             with session_scope(self.settings) as session:
                 row = session.get(WorkerRow, self.name)
-                if row is not None and row.pid == self.process.pid and row.stopped_at is None:
+                if (
+                    row is not None
+                    and row.pid == self.process.pid
+                    and row.stopped_at is None
+                    and row.ready_at is not None
+                ):
                     return
             code = self.process.poll()
             assert code is None, f"worker {self.name} exited with {code}:\n{self.tail()}"

@@ -93,6 +93,8 @@ def test_user_strings_are_escaped(server: RunningServer, sdk: openai.OpenAI) -> 
     browser = logged_in(server)
     for path in (
         "/dashboard",
+        "/dashboard/overview",
+        f"/dashboard?q={HOSTILE_META}",
         f"/dashboard/batches/{batch_id}",
         "/dashboard/files",
         "/dashboard/keys",
@@ -174,6 +176,17 @@ def test_cancel_and_downloads(server: RunningServer, sdk: openai.OpenAI) -> None
     assert inp.content == sdk.files.content(batch.input_file_id).content
     assert "filename*=UTF-8''%3Cscript%3E" in inp.headers["content-disposition"]
     assert browser.get("/dashboard/files/file-nope/content").status_code == 404
+
+    preview = browser.get(f"/dashboard/api/files/{batch.error_file_id}/preview").json()
+    assert [line["text"] for line in preview["lines"]] == download.text.splitlines()
+    assert preview["caption"] == "Showing the whole file."
+    delete = f"/dashboard/api/files/{batch.input_file_id}/delete"
+    assert browser.post(delete).status_code == 403  # only the dashboard's own script deletes
+    done = browser.post(delete, headers=ACTION)
+    assert done.json() == {"id": batch.input_file_id, "deleted": True}
+    with pytest.raises(openai.NotFoundError):
+        sdk.files.retrieve(batch.input_file_id)
+    assert browser.post(delete, headers=ACTION).status_code == 404
 
 
 def test_keys_page_actions(server: RunningServer, sdk: openai.OpenAI) -> None:

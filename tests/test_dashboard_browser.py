@@ -6,6 +6,7 @@ tests and by tests/test_readme.py. Screenshots land in test-artifacts/.
 """
 
 import os
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,10 +17,12 @@ import pytest
 from playwright.sync_api import Browser, Dialog, Page, expect, sync_playwright
 
 from app.config import Settings
+from app.db.session import session_scope
 from tests import batch_sim
 from tests.engine_fixtures import chat_line, jsonl, start_batch, wait_status
 from tests.fake_engine import FakeEngine, ThreadedWorker, fast
 from tests.harness import RunningServer, running_server
+from worker import registry
 
 CHROMIUM = Path("/usr/bin/chromium")
 FLAGS = [
@@ -104,6 +107,21 @@ def no_horizontal_scroll(page: Page) -> None:
     assert overflow <= 1, f"the page scrolls sideways by {overflow}px"
 
 
+def fits_phone(page: Page) -> None:
+    width = page.evaluate("document.documentElement.scrollWidth")
+    assert width <= 390, f"the page is {width}px wide on a 390px phone"
+
+
+def phone_like(browser: Browser, server: RunningServer, page: Page) -> Page:
+    """A 390 px page logged in as `page` is."""
+    phone, _alerts = open_page(browser, server, width=390)
+    cookies = page.context.cookies()
+    phone.context.add_cookies(
+        [{"name": c["name"], "value": c["value"], "url": server.url} for c in cookies]
+    )
+    return phone
+
+
 def slow_lines(n: int, delay: float, prefix: str = "r") -> bytes:
     return jsonl([chat_line(f"{prefix}-{i}", delay=delay) for i in range(n)])
 
@@ -141,7 +159,7 @@ def test_batch_runs_live_and_downloads(
     with ThreadedWorker(server.settings, FakeEngine(max_num_seqs=2)):
         deadline = time.monotonic() + 60
         while row.locator('[data-field="status"]').inner_text() != "completed":
-            value = row.locator("progress").evaluate("el => el.value")
+            value = row.locator("svg.stack").evaluate("el => Number(el.dataset.pct)")
             if not seen or value != seen[-1]:
                 seen.append(value)
             if len(seen) == 3:
@@ -149,7 +167,13 @@ def test_batch_runs_live_and_downloads(
             assert time.monotonic() < deadline, f"progress stuck at {seen}"
             time.sleep(0.1)
     assert seen == sorted(seen) and len(seen) >= 3, f"the bar did not advance live: {seen}"
-    expect(row.locator("progress")).to_have_js_property("value", 100)
+    expect(row.locator("svg.stack")).to_have_attribute("data-pct", re.compile(r"^100(\.0)?$"))
+    # The stacked bar: 23 of 24 completed, 1 failed, none cancelled.
+    widths = row.locator("svg.stack rect").evaluate_all(
+        "rects => rects.map(r => Number(r.getAttribute('width')))"
+    )
+    assert widths == [pytest.approx(100 * 23 / 24, abs=0.01), pytest.approx(100 / 24, abs=0.01), 0]
+    expect(row.locator('[data-field="duration"]')).not_to_have_text("—")
 
     row.locator('a[data-field="id"]').click()
     expect(page.locator("h1")).to_have_text(batch.id)
@@ -164,6 +188,13 @@ def test_batch_runs_live_and_downloads(
     # The chunks the chart was drawn from are gone; the series kept at the end remains.
     expect(page.locator(".chart rect").first).to_be_attached()
     expect(page.locator('[data-field="chart_caption"]')).to_contain_text("Peak")
+    expect(page.locator('.plot [data-field="y_top"]')).not_to_have_text("")
+    expect(page.locator('.plot [data-field="x_end"]')).to_have_text(re.compile(r"^\d\d:\d\d:\d\d$"))
+    # The first lines of the output and error files, fetched once they exist.
+    output_lines = page.locator('[data-preview="output_file_id"] li')
+    expect(output_lines).to_have_count(20)
+    expect(output_lines.first).to_contain_text('"custom_id":"ok-0"')
+    expect(page.locator('[data-preview="error_file_id"] li')).to_contain_text(['"bad"'])
     shot(page, f"batch-completed-{backend}")
 
     final = sdk.batches.retrieve(batch.id)
@@ -188,7 +219,7 @@ def test_batch_runs_live_and_downloads(
     for path, name in (("/dashboard", "batches"), (f"/dashboard/batches/{batch.id}", "batch")):
         phone.goto(server.url + path)
         expect(phone.locator("h1")).to_be_visible()
-        no_horizontal_scroll(phone)
+        fits_phone(phone)
         shot(phone, f"phone-{name}-{backend}")
     assert phone_alerts.alerts == []
 
@@ -287,3 +318,114 @@ def test_retry_from_the_batch_page(
     no_horizontal_scroll(page)  # a batch id in the metadata folds
     shot(page, f"batch-retry-{backend}")
     assert alerts.alerts == []
+
+
+# The queries behind these pages run on both backends in test_dashboard_views.py.
+@pytest.mark.backends("sqlite")
+def test_overview_search_pages_workers_and_files(
+    browser: Browser, server: RunningServer, sdk: openai.OpenAI, backend: str
+) -> None:
+    """The fleet pages at 1280 px and 390 px, over batches a real worker loop ran."""
+    settings = server.settings
+    tagged = start_batch_with(sdk, [chat_line(f"t-{i}") for i in range(4)], {"team": "vision"})
+    needle = start_batch_with(sdk, [chat_line(f"n-{i}") for i in range(8)], {"team": "nlp"})
+    third = start_batch_with(sdk, [chat_line(f"x-{i}") for i in range(3)], {})
+    with ThreadedWorker(settings, FakeEngine(max_num_seqs=4), worker_id="fake-up"):
+        for batch_id in (tagged, needle, third):
+            wait_status(sdk, batch_id, "completed")
+    with session_scope(settings) as session:  # a worker that ran once and stopped
+        registry.register(session, "fake-old", batch_sim.MODEL)
+        registry.stopped(session, "fake-old")
+    long_name = "q" * 160 + ".jsonl"
+    long_file = sdk.files.create(file=(long_name, b"{}\n"), purpose="batch").id
+
+    page, alerts = open_page(browser, server)
+    with registry.LoadingBeat(settings, "fake-loading", batch_sim.MODEL, every=0.5) as beat:
+        log_in(page, server, "/dashboard/overview")
+        expect(page.locator('[data-field="workers_loading"]')).to_have_text("1")
+        expect(page.locator(".chart rect")).to_have_count(60)
+        bars = page.locator(".chart rect").evaluate_all(
+            "rects => rects.filter(r => Number(r.getAttribute('height')) > 0).length"
+        )
+        assert bars >= 1, "the last hour's requests are not drawn"
+        expect(page.locator('.plot [data-field="y_top"]')).not_to_have_text("")
+        expect(page.locator('.plot [data-field="x_start"]')).to_have_text(
+            re.compile(r"^\d\d:\d\d$")
+        )
+        model_row = page.locator("#models tbody tr")
+        expect(model_row.locator('[data-field="model"]')).to_have_text(batch_sim.MODEL)
+        expect(model_row.locator('[data-field="workers"]')).to_contain_text("1 loading")
+        project_row = page.locator("#projects tbody tr")
+        expect(project_row.locator('[data-field="project"]')).to_have_text("default")
+        expect(project_row.locator('[data-field="batches"]')).to_have_text("3")
+        shot(page, f"overview-{backend}")
+
+        page.goto(server.url + "/dashboard/workers")
+        loading = page.locator('tr[data-key="fake-loading"]')
+        expect(loading.locator('[data-field="state"]')).to_have_text("loading")
+        expect(loading.locator('[data-field="uptime"]')).to_contain_text("loading")
+        old = page.locator('tr[data-key="fake-old"]')
+        expect(old.locator('[data-field="state"]')).to_have_text("stopped")
+        expect(old.locator('[data-field="uptime"]')).to_have_text(re.compile(r"^stopped .* ago$"))
+        phone = phone_like(browser, server, page)
+        for name in ("overview", "workers", "keys"):
+            phone.goto(f"{server.url}/dashboard/{name}")
+            expect(phone.locator("h1")).to_be_visible()
+            fits_phone(phone)
+            shot(phone, f"phone-{name}-{backend}")
+        beat.ready()
+
+    # Search: metadata, then a custom_id (read from the input files, once, not polled).
+    page.goto(server.url + "/dashboard")
+    page.fill("input[name=q]", "VISION")
+    page.click(".search button[type=submit]")
+    expect(page.locator("#batches tbody tr")).to_have_count(1)
+    expect(page.locator('#batches [data-field="id"]')).to_have_text(tagged)
+    page.fill("input[name=q]", "")
+    page.fill("input[name=custom_id]", "n-7")
+    page.click(".search button[type=submit]")
+    expect(page.locator('#batches [data-field="id"]')).to_have_text([needle])
+    expect(page.locator("#search-note")).to_contain_text("Searched")
+    assert page.locator("#batches tbody").get_attribute("data-live") is None
+    # Pages past the newest, by cursor, and a date range with nothing in it.
+    page.goto(server.url + "/dashboard?limit=2")
+    expect(page.locator('#batches [data-field="id"]')).to_have_text([third, needle])
+    page.click("#older")
+    expect(page.locator('#batches [data-field="id"]')).to_have_text([tagged])
+    expect(page.locator("#older")).to_have_count(0)
+    page.fill("input[name=from]", "2001-01-01")
+    page.fill("input[name=to]", "2001-01-02")
+    page.click(".search button[type=submit]")
+    expect(page.locator("#batches caption.empty")).to_be_visible()
+    phone = phone_like(browser, server, page)
+    phone.goto(server.url + "/dashboard?custom_id=n-7")
+    expect(phone.locator('#batches [data-field="id"]')).to_have_text([needle])
+    fits_phone(phone)
+    shot(phone, f"phone-search-{backend}")
+
+    # A long file name folds on a phone; delete asks first, then the file is gone.
+    phone.goto(server.url + "/dashboard/files")
+    expect(phone.locator(f'tr[data-key="{long_file}"]')).to_be_visible()
+    fits_phone(phone)
+    shot(phone, f"phone-files-{backend}")
+    page.goto(server.url + "/dashboard/files")
+    row = page.locator(f'tr[data-key="{long_file}"]')
+    expect(row.locator('[data-field="filename"]')).to_have_text(long_name)
+    no_horizontal_scroll(page)
+    row.locator("[data-action=delete]").click()  # confirm() is accepted by Alerts
+    expect(row).to_have_count(0)
+    with pytest.raises(openai.NotFoundError):
+        sdk.files.retrieve(long_file)
+    assert alerts.alerts == []
+
+
+def start_batch_with(sdk: openai.OpenAI, lines: list[bytes], metadata: dict[str, str]) -> str:
+    f = sdk.files.create(file=("in.jsonl", jsonl(lines)), purpose="batch")
+    batch = sdk.batches.create(
+        input_file_id=f.id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+        metadata=metadata or None,
+    )
+    wait_status(sdk, batch.id, "in_progress")
+    return batch.id

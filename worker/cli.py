@@ -156,22 +156,26 @@ async def serve(args: argparse.Namespace, settings: Settings) -> int:
     from worker.engine import start_engine
     from worker.health import Health
     from worker.loop import WorkerOptions, install_signal_handlers, work
-    from worker.registry import new_worker_id
+    from worker.registry import LoadingBeat, new_worker_id
 
     stop = asyncio.Event()
     install_signal_handlers(stop)
     worker_id = args.worker_id or new_worker_id()
     health = Health(worker_id, args.health_file)
-    async with start_engine(args) as engine:
-        options = WorkerOptions(
-            worker_id=worker_id,
-            window=args.window,
-            dedup=args.dedup,
-            prefix_grouping=args.prefix_grouping,
-            submission_log=args.submission_log,
-        )
-        log.info("worker %s serving %s", options.worker_id, ", ".join(engine.served_names))
-        return await work(settings, engine, options, health, stop)
+    model = (args.served_model_name or [args.model])[0]
+    beat = LoadingBeat(settings, worker_id, model, every=settings.lease_seconds / 3)
+    with beat:
+        async with start_engine(args) as engine:
+            beat.ready()
+            options = WorkerOptions(
+                worker_id=worker_id,
+                window=args.window,
+                dedup=args.dedup,
+                prefix_grouping=args.prefix_grouping,
+                submission_log=args.submission_log,
+            )
+            log.info("worker %s serving %s", options.worker_id, ", ".join(engine.served_names))
+            return await work(settings, engine, options, health, stop)
 
 
 def main(argv: Sequence[str] | None = None, settings: Settings | None = None) -> int:

@@ -1,14 +1,26 @@
-"""The `workers` table: who runs, on which host, serving which model, how fast."""
+"""The `workers` table: who runs, on which host, serving which model, how fast.
 
+A worker's row is written before its engine starts (`ready_at` unset: loading), kept fresh
+while the engine loads, and marked ready once the engine serves.
+"""
+
+import logging
 import os
 import secrets
 import socket
+import threading
 import time
+from collections.abc import Callable
+from types import TracebackType
 
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
+from app.config import Settings
 from app.db.models import RegisteredWorker
+from app.db.session import session_scope
+
+log = logging.getLogger("overnight.worker")
 
 
 def new_worker_id() -> str:
@@ -16,19 +28,28 @@ def new_worker_id() -> str:
 
 
 def register(session: Session, worker_id: str, model: str) -> None:
+    """The worker's engine serves: it may take shards from now on."""
     now = time.time()
-    session.merge(
-        RegisteredWorker(
-            id=worker_id,
-            host=socket.gethostname(),
-            pid=os.getpid(),
-            model=model,
-            started_at=now,
-            heartbeat_at=now,
-            current_shard_id=None,
-            tokens_per_second=0.0,
-            stopped_at=None,
-        )
+    session.merge(_row(worker_id, model, now, ready_at=now))
+
+
+def loading(session: Session, worker_id: str, model: str, started_at: float) -> None:
+    """The worker's engine is starting (downloading, loading weights, compiling)."""
+    session.merge(_row(worker_id, model, started_at, ready_at=None))
+
+
+def _row(worker_id: str, model: str, started_at: float, ready_at: float | None) -> RegisteredWorker:
+    return RegisteredWorker(
+        id=worker_id,
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        model=model,
+        started_at=started_at,
+        heartbeat_at=time.time(),
+        current_shard_id=None,
+        tokens_per_second=0.0,
+        stopped_at=None,
+        ready_at=ready_at,
     )
 
 
@@ -52,3 +73,46 @@ def stopped(session: Session, worker_id: str) -> None:
         .where(RegisteredWorker.id == worker_id)
         .values(stopped_at=time.time(), current_shard_id=None, tokens_per_second=0.0)
     )
+
+
+class LoadingBeat:
+    """Keeps a `loading` row fresh from a thread while the engine starts.
+
+    A thread, because loading an engine may block the event loop. Best effort: the database
+    may not be reachable (or migrated) yet, and the worker must start anyway. If the block
+    ends before `ready()`, the engine never came up and the row says stopped.
+    """
+
+    def __init__(self, settings: Settings, worker_id: str, model: str, every: float) -> None:
+        self.settings, self.worker_id, self.model, self.every = settings, worker_id, model, every
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="loading-heartbeat", daemon=True)
+        self._started = time.time()
+
+    def __enter__(self) -> "LoadingBeat":
+        self._thread.start()
+        return self
+
+    def ready(self) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._done.is_set():
+            return
+        self.ready()
+        self._write(stopped)
+
+    def _beat(self) -> None:
+        while not self._done.is_set():
+            self._write(loading, self.model, self._started)
+            self._done.wait(self.every)
+
+    def _write(self, action: Callable[..., None], *args: object) -> None:
+        try:
+            with session_scope(self.settings) as session:
+                action(session, self.worker_id, *args)
+        except Exception as exc:
+            log.debug("could not record the loading worker %s: %s", self.worker_id, exc)

@@ -2,22 +2,88 @@
 
 import time
 from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import urlencode
 
 from sqlalchemy.orm import Session
 
 from app.dashboard import views
-from app.errors import not_found
-from app.services import keys, monitoring
-from app.services.files import open_file_content
-from app.services.throughput import throughput_series
+from app.errors import OpenAIError, not_found
+from app.services import file_expiry, keys, monitoring
+from app.services.batch_search import find_custom_id
+from app.services.files import open_file_content, preview_file
+from app.services.fleet import fleet
+from app.services.throughput import deployment_series, throughput_series
 from app.storage import Storage
 
+PAGE_SIZE = 100
+OVERVIEW_WINDOW_SECONDS = 3600.0
 
-def batch_rows(session: Session, status: str | None, project: str | None) -> list[views.Row]:
+
+@dataclass(frozen=True)
+class BatchQuery:
+    """The batch list's form: filters, a search, a date range (UTC days) and the cursor."""
+
+    status: str = ""
+    project: str = ""
+    q: str = ""  # a batch id or text in a metadata value
+    custom_id: str = ""
+    date_from: str = ""  # YYYY-MM-DD
+    date_to: str = ""
+    after: str = ""
+    limit: int = PAGE_SIZE
+
+    def where(self) -> monitoring.BatchFilter:
+        until = _day(self.date_to, "to")
+        return monitoring.BatchFilter(
+            status=self.status or None,
+            project_id=self.project or None,
+            search=self.q.strip() or None,
+            created_from=_day(self.date_from, "from"),
+            created_before=None if until is None else until + 86400,
+            after=self.after or None,
+        )
+
+    def href(self, after: str) -> str:
+        fields = {**asdict(self), "after": after}
+        if self.limit == PAGE_SIZE:
+            del fields["limit"]
+        names = {"date_from": "from", "date_to": "to"}
+        return "/dashboard?" + urlencode({names.get(k, k): v for k, v in fields.items() if v})
+
+    @property
+    def filtered(self) -> bool:
+        return any(v for k, v in asdict(self).items() if k not in ("after", "limit"))
+
+
+def _day(text: str, name: str) -> int | None:
+    if not text:
+        return None
+    try:
+        return int(datetime.strptime(text, "%Y-%m-%d").replace(tzinfo=UTC).timestamp())
+    except ValueError:
+        raise OpenAIError(f"'{name}' must be a date as YYYY-MM-DD.", param=name) from None
+
+
+def batch_rows(session: Session, storage: Storage, query: BatchQuery) -> dict[str, Any]:
+    """A page of the list, the link to the next one, and what a custom_id search covered."""
     now = time.time()
-    found = monitoring.list_batches(session, status=status or None, project_id=project or None)
-    return [views.batch_row(v, now) for v in found]
+    note = ""
+    if query.custom_id:
+        found = find_custom_id(session, storage, query.where(), query.custom_id, limit=query.limit)
+        found_views, next_after = found.views, found.next_after
+        note = f"Searched {views.fmt_bytes(found.scanned_bytes)} of input files for this custom_id"
+        note += ", newest first; older batches follow on the next page." if next_after else "."
+    else:
+        page = monitoring.list_batches(session, query.where(), limit=query.limit)
+        found_views, next_after = page.views, page.next_after
+    return {
+        "rows": [views.batch_row(v, now) for v in found_views],
+        "next_href": query.href(next_after) if next_after else "",
+        "search_note": note,
+    }
 
 
 def project_options(session: Session) -> list[tuple[str, str]]:
@@ -47,14 +113,36 @@ def batch_detail(session: Session, batch_id: str) -> views.Row:
     series = b.throughput or throughput_series(session, batch_id)
     detail["series"] = series = [(t, rate) for t, rate in series]
     detail["chart_caption"] = views.chart_caption(series, view.batch.status)
+    detail.update(views.chart_axes(series))
     return detail
 
 
-def batches_page(session: Session, status: str, project: str) -> dict[str, Any]:
-    return {
-        "rows": batch_rows(session, status, project),
-        "project_options": project_options(session),
-    }
+def batches_page(session: Session, storage: Storage, query: BatchQuery) -> dict[str, Any]:
+    return {**batch_rows(session, storage, query), "project_options": project_options(session)}
+
+
+def overview(session: Session, lease_seconds: float) -> dict[str, Any]:
+    now = time.time()
+    found = views.fleet_overview(fleet(session, lease_seconds))
+    series = deployment_series(session, now - OVERVIEW_WINDOW_SECONDS, now)
+    found["series"] = series
+    found.update(views.chart_axes(series, clock="%H:%M"))
+    return found
+
+
+def file_preview(session: Session, storage: Storage, file_id: str) -> views.Row:
+    owner = monitoring.file_owner(session, file_id)
+    if owner is None:
+        raise not_found("File", file_id)
+    return views.preview(preview_file(session, storage, owner, file_id))
+
+
+def delete_any_file(session: Session, file_id: str) -> str:
+    """Deletes a file of any project (the dashboard is an admin's), as the API's DELETE does."""
+    owner = monitoring.file_owner(session, file_id)
+    if owner is None:
+        raise not_found("File", file_id)
+    return file_expiry.delete_file(session, owner, file_id).id
 
 
 def files_page(session: Session, project: str, purpose: str) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import quote
 
-from fastapi import APIRouter, Form, Query, Request
+from fastapi import APIRouter, Depends, Form, Query, Request
 from fastapi.responses import (
     HTMLResponse,
     JSONResponse,
@@ -33,7 +33,7 @@ from app.dashboard.auth import (
     safe_next,
 )
 from app.schemas.admin import CreateApiKeyRequest
-from app.services import batches, keys
+from app.services import batches, file_expiry, keys
 from app.services.housekeeping import FINALIZATION, wake
 from app.version import overnight_version
 
@@ -116,25 +116,50 @@ def logout() -> Response:
 # --- pages ------------------------------------------------------------------------------
 
 
+def batch_query(
+    status: str = "",
+    project: str = "",
+    q: str = "",
+    custom_id: str = "",
+    date_from: Annotated[str, Query(alias="from")] = "",
+    date_to: Annotated[str, Query(alias="to")] = "",
+    after: str = "",
+    limit: Annotated[int, Query(ge=1, le=content.PAGE_SIZE)] = content.PAGE_SIZE,
+) -> content.BatchQuery:
+    """The batch list's query string; `after` and `limit` as in the API's list."""
+    return content.BatchQuery(
+        status, project, q, custom_id.strip(), date_from, date_to, after, limit
+    )
+
+
+BatchQueryDep = Annotated[content.BatchQuery, Depends(batch_query)]
+
+
 @router.get("", response_class=HTMLResponse)
 async def batches_page(
     request: Request,
     _login: PageLogin,
     uow: UnitOfWorkDep,
-    settings: SettingsDep,
-    status: str = "",
-    project: str = "",
+    storage: StorageDep,
+    query: BatchQueryDep,
 ) -> Response:
-    found = await uow.run(content.batches_page, status, project)
+    found = await uow.run(content.batches_page, storage, query)
     return await _page(
         request,
         uow,
         "batches.html",
         **found,
         status_options=[(s.value, s.value) for s in BatchStatus],
-        status=status,
-        project=project,
+        query=query,
     )
+
+
+@router.get("/overview", response_class=HTMLResponse)
+async def overview_page(
+    request: Request, _login: PageLogin, uow: UnitOfWorkDep, settings: SettingsDep
+) -> Response:
+    found = await uow.run(content.overview, settings.lease_seconds)
+    return await _page(request, uow, "overview.html", overview=found)
 
 
 @router.get("/batches/{batch_id}", response_class=HTMLResponse)
@@ -198,13 +223,16 @@ async def download(
 
 @router.get("/api/batches")
 async def batches_feed(
-    _login: ApiLogin,
-    uow: UnitOfWorkDep,
-    settings: SettingsDep,
-    status: Annotated[str, Query()] = "",
-    project: Annotated[str, Query()] = "",
+    _login: ApiLogin, uow: UnitOfWorkDep, storage: StorageDep, query: BatchQueryDep
 ) -> dict[str, Any]:
-    return {"rows": await uow.run(content.batch_rows, status, project)}
+    return await uow.run(content.batch_rows, storage, query)
+
+
+@router.get("/api/overview")
+async def overview_feed(
+    _login: ApiLogin, uow: UnitOfWorkDep, settings: SettingsDep
+) -> dict[str, Any]:
+    return await uow.run(content.overview, settings.lease_seconds)
 
 
 @router.get("/api/batches/{batch_id}")
@@ -248,6 +276,22 @@ async def files_feed(
     _login: ApiLogin, uow: UnitOfWorkDep, project: str = "", purpose: str = ""
 ) -> dict[str, Any]:
     return {"rows": await uow.run(content.file_rows, project, purpose)}
+
+
+@router.get("/api/files/{file_id}/preview")
+async def file_preview(
+    file_id: str, _login: ApiLogin, uow: UnitOfWorkDep, storage: StorageDep
+) -> dict[str, Any]:
+    return await uow.run(content.file_preview, storage, file_id)
+
+
+@router.post("/api/files/{file_id}/delete")
+async def delete_file(
+    file_id: str, _login: ApiLogin, uow: UnitOfWorkDep, storage: StorageDep
+) -> dict[str, Any]:
+    deleted = await uow.run(content.delete_any_file, file_id)
+    await uow.run(file_expiry.reclaim_deleted, storage, file_id)
+    return {"id": deleted, "deleted": True}
 
 
 @router.get("/api/keys")

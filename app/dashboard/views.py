@@ -5,12 +5,18 @@ from the JSON feeds afterwards, so both paths show identical text. Values are
 plain data: Jinja escapes them and the script only ever sets `textContent`.
 """
 
+import math
 import time
+from collections import Counter
 from datetime import UTC, datetime
 from typing import Any
 
+from app.core.progress import Outcomes
 from app.core.states import CANCELLABLE_BATCH_STATUSES, TERMINAL_BATCH_STATUSES, BatchStatus
 from app.db.models import File, RegisteredWorker
+from app.schemas.admin import WorkerState
+from app.services.files import Preview
+from app.services.fleet import SERVING_STATES, Fleet
 from app.services.monitoring import BatchView, WorkerView
 
 Row = dict[str, Any]
@@ -70,10 +76,12 @@ def batch_row(view: BatchView, now: float) -> Row:
         pct = 100.0 * view.done / counts.total
     else:
         pct = 100.0 if status in TERMINAL_BATCH_STATUSES and status != BatchStatus.FAILED else 0.0
+    ended = ended_at(view)
     return {
         "id": view.batch.id,
         "href": f"/dashboard/batches/{view.batch.id}",
         "status": status,
+        "reason": failure_reason(view),
         "project": view.project_name,
         "model": view.batch.model or DASH,
         "endpoint": view.batch.endpoint,
@@ -84,12 +92,46 @@ def batch_row(view: BatchView, now: float) -> Row:
         "total": counts.total,
         "progress_pct": round(pct, 1),
         "progress": f"{pct:.0f}%",
+        "segments": segments(outcomes, counts.total),
         "throughput": str(view.throughput(now)),
         "eta": fmt_duration(view.eta_seconds(now)),
+        "duration": fmt_duration(None if ended is None else ended - view.batch.created_at),
         "age": fmt_duration(now - view.batch.created_at),
         "created": fmt_time(view.batch.created_at),
         "cancellable": status in CANCELLABLE_BATCH_STATUSES,
     }
+
+
+def ended_at(view: BatchView) -> int | None:
+    b = view.batch
+    return b.completed_at or b.failed_at or b.cancelled_at or b.expired_at
+
+
+def failure_reason(view: BatchView) -> str:
+    """Why a batch failed or expired, in a line; empty for the others."""
+    b, errors = view.batch, view.wire.errors
+    if b.status == BatchStatus.FAILED and errors and errors.data:
+        first = errors.data[0]
+        where = f"line {first.line}: " if first.line is not None else ""
+        more = f" (+{len(errors.data) - 1} more)" if len(errors.data) > 1 else ""
+        return f"{where}{first.message}{more}"
+    if b.status == BatchStatus.FAILED:
+        return "failed"
+    if b.status == BatchStatus.EXPIRED:
+        return f"the {b.completion_window} completion window ended before every request ran"
+    return ""
+
+
+def segments(outcomes: Outcomes, total: int) -> list[Row]:
+    """The stacked bar: completed, failed, then cancelled or expired, as % of the total."""
+    unrun = outcomes.cancelled + outcomes.expired
+    parts = (("completed", outcomes.completed), ("failed", outcomes.failed), ("unrun", unrun))
+    x, found = 0.0, []
+    for kind, n in parts:
+        width = 100.0 * n / total if total else 0.0
+        found.append({"kind": kind, "x": round(x, 3), "width": round(width, 3)})
+        x += width
+    return found
 
 
 def batch_detail(view: BatchView, files: dict[str, File], now: float) -> Row:
@@ -142,6 +184,37 @@ def chart_caption(series: list[tuple[float, float]], status: BatchStatus) -> str
     return f"Peak {peak:.1f} requests/s, over {fmt_duration(span)} from {fmt_time(series[0][0])}."
 
 
+def chart_axes(series: list[tuple[float, float]], clock: str = "%H:%M:%S") -> Row:
+    """The bars' scale and the labels of both axes, for the template and the feed alike."""
+    top = nice_ceiling(max((rate for _t, rate in series), default=0.0))
+    start = end = mid = None
+    if series:
+        # Each point is a bar as wide as the spacing: the axis runs to the last bar's end.
+        step = series[1][0] - series[0][0] if len(series) > 1 else 1.0
+        start, end = series[0][0], series[-1][0] + step
+        mid = (start + end) / 2
+
+    def at(ts: float | None) -> str:
+        return datetime.fromtimestamp(ts, UTC).strftime(clock) if ts is not None else ""
+
+    return {
+        "y_max": top,
+        "y_top": f"{top:g}",
+        "y_mid": f"{top / 2:g}",
+        "x_start": at(start),
+        "x_mid": at(mid),
+        "x_end": at(end),
+    }
+
+
+def nice_ceiling(value: float) -> float:
+    """The smallest of 1, 2, 2.5, 5 times 10^k at or above `value` (1 for nothing)."""
+    if value <= 0:
+        return 1.0
+    power = 10.0 ** math.floor(math.log10(value))
+    return next(step * power for step in (1, 2, 2.5, 5, 10) if step * power >= value * (1 - 1e-9))
+
+
 def worker_row(view: WorkerView) -> Row:
     w: RegisteredWorker = view.worker
     return {
@@ -155,8 +228,20 @@ def worker_row(view: WorkerView) -> Row:
         "shard": f"{view.batch_id} #{view.shard_index}" if view.batch_id else DASH,
         "tokens_per_second": f"{w.tokens_per_second:.1f}",
         "started": fmt_time(w.started_at),
-        "uptime": fmt_duration((w.stopped_at or time.time()) - w.started_at),
+        "uptime": uptime(view, time.time()),
     }
+
+
+def uptime(view: WorkerView, now: float) -> str:
+    """How long it has served; a loading one how long it has loaded; else since when it is gone."""
+    w = view.worker
+    if view.state == WorkerState.STOPPED and w.stopped_at is not None:
+        return f"stopped {fmt_duration(now - w.stopped_at)} ago"
+    if view.state == WorkerState.STALE:
+        return f"silent {fmt_duration(view.heartbeat_age)}"
+    if view.state == WorkerState.LOADING:
+        return f"loading {fmt_duration(now - w.started_at)}"
+    return fmt_duration(now - (w.ready_at or w.started_at))
 
 
 def file_row(f: File, project_name: str) -> Row:
@@ -169,6 +254,7 @@ def file_row(f: File, project_name: str) -> Row:
         "created": fmt_time(f.created_at),
         "expires": fmt_time(f.expires_at),
         "href": file_href(f.id),
+        "delete_url": f"/dashboard/api/files/{f.id}/delete",
     }
 
 
@@ -183,3 +269,52 @@ def key_row(key: Any) -> Row:
         "created": fmt_time(key.created_at),
         "revoke_url": f"/dashboard/api/keys/{key.id}/revoke",
     }
+
+
+def preview(p: Preview) -> Row:
+    shown = len(p.lines)
+    size = fmt_bytes(p.total_bytes)
+    what = "the whole file" if p.complete else f"the first {shown} lines of {size}"
+    return {
+        "lines": [{"id": n, "n": n, "text": text} for n, text in p.lines],
+        "caption": f"Showing {what}." if shown else "The file is empty.",
+    }
+
+
+def fleet_overview(f: Fleet) -> Row:
+    """The overview page's figures (the chart is added by the caller)."""
+    up = sum(f.workers[s] for s in SERVING_STATES)
+    return {
+        "workers_up": up,
+        "workers_loading": f.workers[WorkerState.LOADING],
+        "workers_stale": f.workers[WorkerState.STALE],
+        "queued_requests": sum(q.queued_requests for q in f.models),
+        "tokens_per_second": f"{f.tokens_per_second:.1f} tok/s",
+        "models": [
+            {
+                "id": q.model or DASH,
+                "model": q.model or DASH,
+                "queued": q.queued_requests,
+                "running_batches": q.running_batches,
+                "validating_batches": q.validating_batches,
+                "workers": _worker_counts(q.workers),
+            }
+            for q in f.models
+        ],
+        "projects": [
+            {
+                "id": p.project,
+                "project": p.project,
+                "batches": p.batches,
+                "input_tokens": f"{p.input_tokens:,}",
+                "output_tokens": f"{p.output_tokens:,}",
+                "total_tokens": f"{p.input_tokens + p.output_tokens:,}",
+            }
+            for p in f.tokens_today
+        ],
+    }
+
+
+def _worker_counts(states: Counter[WorkerState]) -> str:
+    parts = [f"{states[s]} {s}" for s in WorkerState if states[s]]
+    return ", ".join(parts) if parts else "none"

@@ -272,6 +272,8 @@ class RegisteredWorker(Base):
     current_shard_id: Mapped[int | None] = mapped_column(Integer)
     tokens_per_second: Mapped[float] = mapped_column(Float, default=0.0)
     stopped_at: Mapped[float | None] = mapped_column(Float)
+    # None while the engine loads: the row is written before the engine starts.
+    ready_at: Mapped[float | None] = mapped_column(Float)
 
 
 class WebhookEndpoint(Base):

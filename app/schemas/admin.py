@@ -14,6 +14,7 @@ class KeyRole(StrEnum):
 
 
 class WorkerState(StrEnum):
+    LOADING = "loading"  # its engine is starting
     RUNNING = "running"
     IDLE = "idle"
     STALE = "stale"  # no heartbeat for a whole lease

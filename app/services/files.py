@@ -8,6 +8,7 @@ deleting and expiring files is `file_expiry`.
 import itertools
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from sqlalchemy import ColumnElement, or_, select
 from sqlalchemy.orm import Session
@@ -21,6 +22,8 @@ from app.services.pagination import check_limit, paginate
 from app.storage import Storage, StoredObject
 
 MAX_LIST_LIMIT = 10_000
+PREVIEW_LINES = 20
+PREVIEW_BYTES = 64 * 1000
 
 
 def file_storage_key(file_id: str) -> str:
@@ -133,3 +136,34 @@ def open_file_content(
     except FileNotFoundError:
         raise not_found("File", file_id) from None
     return row, itertools.chain(() if first is None else (first,), chunks)
+
+
+@dataclass
+class Preview:
+    lines: list[tuple[int, str]]  # (line number, text), the last cut short if the budget ended
+    total_bytes: int
+    complete: bool  # every line of the file is shown
+
+
+def preview_file(
+    session: Session,
+    storage: Storage,
+    project_id: str,
+    file_id: str,
+    *,
+    max_lines: int = PREVIEW_LINES,
+    max_bytes: int = PREVIEW_BYTES,
+) -> Preview:
+    """The first lines of a file, reading at most `max_bytes` of it from storage."""
+    row = get_file(session, project_id, file_id)
+    if row.purpose in UNDOWNLOADABLE_PURPOSES:
+        raise OpenAIError(f"Not allowed to download files of purpose: {row.purpose}")
+    end = min(row.bytes, max_bytes)
+    data = b"".join(storage.read(row.storage_key, 0, end)) if end else b""
+    pieces = data.split(b"\n")
+    if end == row.bytes and pieces and not pieces[-1]:
+        pieces.pop()  # the file's final newline ends the last line
+    shown = pieces[:max_lines]
+    complete = end == row.bytes and len(pieces) <= max_lines
+    lines = [(i + 1, piece.decode("utf-8", "replace")) for i, piece in enumerate(shown)]
+    return Preview(lines, row.bytes, complete)

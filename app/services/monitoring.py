@@ -4,12 +4,13 @@ Counts follow the batch contract: while a batch runs, its progress is the sum ov
 shards (what has been persisted); once terminal, the batch row's own totals.
 """
 
+import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import ColumnElement, case, func, or_, select
+from sqlalchemy import ColumnElement, Select, Text, case, cast, func, or_, select
 from sqlalchemy.orm import Session
 
 from app.core.progress import Outcomes, Progress
@@ -88,6 +89,7 @@ class Totals:
 
     batches_by_status: dict[str, int] = field(default_factory=dict)
     queued_requests: int = 0
+    queued_by_model: dict[str, int] = field(default_factory=dict)
     # Requests and tokens with a persisted result.
     done_by_model: dict[str, Progress] = field(default_factory=dict)
 
@@ -111,21 +113,83 @@ def _views(session: Session, rows: Sequence[Any]) -> list[BatchView]:
     return [BatchView(b, batches.to_wire(b, live.get(b.id, Progress())), name) for b, name in rows]
 
 
-def list_batches(
-    session: Session,
-    *,
-    status: str | None = None,
-    project_id: str | None = None,
-    limit: int = 100,
-) -> list[BatchView]:
-    """Newest first, across every project."""
+@dataclass(frozen=True)
+class BatchFilter:
+    """What the batch list is narrowed to; `search` matches a batch id or a metadata value."""
+
+    status: str | None = None
+    project_id: str | None = None
+    search: str | None = None
+    created_from: int | None = None  # unix seconds, inclusive
+    created_before: int | None = None  # unix seconds, exclusive
+    after: str | None = None  # a batch id: list the ones older than it (the API's `after`)
+
+
+@dataclass
+class BatchPage:
+    views: list[BatchView]
+    next_after: str | None  # the cursor of the next (older) page; None on the last page
+
+
+def list_batches(session: Session, where: BatchFilter, *, limit: int = 100) -> BatchPage:
+    """Newest first, across every project, a page of `limit` from the cursor on."""
+    query = _filtered(where).order_by(Batch.seq.desc()).limit(limit + 1)
+    rows = session.execute(query).all()
+    more = len(rows) > limit
+    views = _views(session, rows[:limit])
+    return BatchPage(views, views[-1].batch.id if more and views else None)
+
+
+def _filtered(where: BatchFilter) -> Select[Batch, str]:
     query = select(Batch, Project.name).join(Project, Project.id == Batch.project_id)
-    if status:
-        query = query.where(Batch.status == status)
-    if project_id:
-        query = query.where(Batch.project_id == project_id)
-    rows = session.execute(query.order_by(Batch.seq.desc()).limit(limit)).all()
-    return _views(session, rows)
+    if where.status:
+        query = query.where(Batch.status == where.status)
+    if where.project_id:
+        query = query.where(Batch.project_id == where.project_id)
+    if where.created_from is not None:
+        query = query.where(Batch.created_at >= where.created_from)
+    if where.created_before is not None:
+        query = query.where(Batch.created_at < where.created_before)
+    if where.after:
+        older = select(Batch.seq).where(Batch.id == where.after).scalar_subquery()
+        query = query.where(Batch.seq < older)
+    if where.search:
+        # Metadata is stored as SQLAlchemy's `json.dumps` text (SQLite's JSON, PostgreSQL's
+        # `json`): the search text, encoded the same way, matches inside it (ASCII letters
+        # in any case; others are `\\u` escapes there).
+        encoded = json.dumps(where.search)[1:-1]
+        pattern = f"%{_escape_like(encoded)}%"
+        metadata = cast(Batch.metadata_, Text)
+        query = query.where(or_(Batch.id == where.search, metadata.ilike(pattern, escape="\\")))
+    return query
+
+
+def _escape_like(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+def batches_to_scan(session: Session, where: BatchFilter, limit: int) -> list[tuple[str, File]]:
+    """Batches that ran (so their input passed validation), newest first, with the input file."""
+    query = (
+        _filtered(where)
+        .add_columns(File)
+        .join(File, File.id == Batch.input_file_id)
+        .where(Batch.in_progress_at.is_not(None))
+        .order_by(Batch.seq.desc())
+        .limit(limit)
+    )
+    return [(b.id, f) for b, _name, f in session.execute(query)]
+
+
+def batch_views(session: Session, batch_ids: Sequence[str]) -> list[BatchView]:
+    """The batches among `batch_ids`, in that order."""
+    rows = session.execute(
+        select(Batch, Project.name)
+        .join(Project, Project.id == Batch.project_id)
+        .where(Batch.id.in_(batch_ids))
+    ).all()
+    order = {batch_id: i for i, batch_id in enumerate(batch_ids)}
+    return _views(session, sorted(rows, key=lambda row: order[row[0].id]))
 
 
 def get_batch(session: Session, batch_id: str) -> BatchView | None:
@@ -164,6 +228,8 @@ def list_workers(session: Session, lease_seconds: float, limit: int = 200) -> li
             state = WorkerState.STOPPED
         elif age > lease_seconds:
             state = WorkerState.STALE
+        elif worker.ready_at is None:
+            state = WorkerState.LOADING
         elif worker.current_shard_id is not None:
             state = WorkerState.RUNNING
         else:
@@ -254,6 +320,7 @@ def totals(session: Session) -> Totals:
     for model, *done, queued in live:
         _add(t, model, done)
         t.queued_requests += int(queued or 0)
+        t.queued_by_model[model or ""] = int(queued or 0)
     return t
 
 

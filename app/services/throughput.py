@@ -1,13 +1,17 @@
 """A batch's throughput over time, from when its result chunks were recorded.
 
 The finalizer stores the series on the batch (its chunks go); the dashboard reads it from the
-chunks while the batch runs.
+chunks while the batch runs. The deployment's series adds both up over a recent window.
 """
 
-from sqlalchemy import select
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from app.db.models import ResultChunk, Shard
+from app.core.states import TERMINAL_BATCH_STATUSES
+from app.db.models import Batch, ResultChunk, Shard
 
 CHART_POINTS = 60
 
@@ -31,3 +35,42 @@ def throughput_series(session: Session, batch_id: str) -> list[tuple[float, floa
     for created_at, lines in chunks:
         buckets[int((created_at - start) / width)] += lines
     return [(start + i * width, count / width) for i, count in enumerate(buckets)]
+
+
+def deployment_series(
+    session: Session, since: float, until: float, points: int = CHART_POINTS
+) -> list[tuple[float, float]]:
+    """Requests finished per second across every batch, in `points` buckets of `[since, until)`.
+
+    Running batches count from their chunks; batches that ended from the series kept on them,
+    each point's requests put back in the bucket of its time.
+    """
+    width = max((until - since) / points, 1e-9)
+    counts = [0.0] * points
+
+    def add(at: float, requests: float) -> None:
+        if since <= at < until:
+            counts[min(int((at - since) / width), points - 1)] += requests
+
+    live = (
+        select(ResultChunk.created_at, ResultChunk.lines)
+        .join(Shard, Shard.id == ResultChunk.shard_id)
+        .join(Batch, Batch.id == Shard.batch_id)
+        .where(Batch.status.not_in(TERMINAL_BATCH_STATUSES), ResultChunk.created_at >= since)
+    )
+    for created_at, lines in session.execute(live).yield_per(1000):
+        add(created_at, lines)
+    end = func.coalesce(Batch.completed_at, Batch.cancelled_at, Batch.expired_at, Batch.failed_at)
+    ended = select(Batch.throughput).where(
+        Batch.status.in_(TERMINAL_BATCH_STATUSES), Batch.throughput.is_not(None), end >= since
+    )
+    for (series,) in session.execute(ended).yield_per(100):
+        for at, requests in _requests_at(series):
+            add(at, requests)
+    return [(since + i * width, n / width) for i, n in enumerate(counts)]
+
+
+def _requests_at(series: Sequence[Any]) -> Iterable[tuple[float, float]]:
+    """A kept series' points as `(time, requests)`: each rate times its bucket's width."""
+    width = float(series[1][0] - series[0][0]) if len(series) > 1 else 1.0
+    return ((float(at), float(rate) * width) for at, rate in series)

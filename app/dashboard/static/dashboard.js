@@ -35,7 +35,7 @@ async function request(url, options = {}) {
 
 // Elements inside a nested list belong to that list's items, not to `root`.
 function ownedBy(root, el) {
-  const list = el.closest("[data-list]");
+  const list = el.closest("[data-list],[data-preview]");
   return !(list && list !== root && root.contains(list));
 }
 
@@ -57,7 +57,42 @@ function fill(root, data) {
   for (const list of root.querySelectorAll("[data-list]")) {
     if (ownedBy(root, list.parentElement)) syncRows(list, data[list.dataset.list] || []);
   }
-  for (const svg of root.querySelectorAll("[data-chart]")) drawChart(svg, data[svg.dataset.chart] || []);
+  for (const svg of root.querySelectorAll("[data-chart]")) {
+    drawChart(svg, data[svg.dataset.chart] || [], Number(data[svg.dataset.chartMax]) || 0);
+  }
+  for (const svg of root.querySelectorAll("[data-stack]")) {
+    if (ownedBy(root, svg) && svg.dataset.stack in data) drawStack(svg, data);
+  }
+  for (const list of root.querySelectorAll("[data-preview]")) {
+    const fileId = data[list.dataset.preview];
+    if (fileId) loadPreview(list, String(fileId));
+  }
+}
+
+// The stacked bar's segments, as percentages of the batch's requests.
+function drawStack(svg, data) {
+  for (const seg of data[svg.dataset.stack] || []) {
+    const rect = svg.querySelector(`rect[data-kind="${seg.kind}"]`);
+    if (!rect) continue;
+    rect.setAttribute("x", String(seg.x));
+    rect.setAttribute("width", String(seg.width));
+  }
+  svg.dataset.pct = String(data.progress_pct);
+  svg.setAttribute("aria-label", `${data.progress} done`);
+}
+
+// A file's first lines, fetched once per file (a preview does not change).
+async function loadPreview(list, fileId) {
+  if (list.dataset.loaded === fileId) return;
+  list.dataset.loaded = fileId;
+  const caption = list.parentElement.querySelector("[data-preview-caption]");
+  try {
+    const preview = await request(`/dashboard/api/files/${encodeURIComponent(fileId)}/preview`);
+    syncRows(list, preview.lines);
+    caption.textContent = preview.caption;
+  } catch (e) {
+    caption.textContent = e.message;
+  }
 }
 
 // Makes `container`'s children match `rows`, reusing the element of each key.
@@ -86,16 +121,21 @@ function svgEl(name, attrs, text) {
   return el;
 }
 
-// Bars only: the SVG stretches to its box, so its labels live in the page as text.
-function drawChart(svg, series) {
+// Bars scaled to `top` (the y axis' highest label); the axes' labels are page text around it.
+function drawChart(svg, series, top) {
   const [w, h] = [600, 160];
-  const top = Math.max(...series.map((p) => p[1]), 1e-9);
-  const slot = w / Math.max(series.length, 10);
+  const max = top || Math.max(...series.map((p) => p[1]), 1e-9);
+  const slot = w / Math.max(series.length, 1);
+  const grid = [0, 0.5].map((f) => svgEl("line", { x1: 0, y1: h * f + 0.5, x2: w, y2: h * f + 0.5, class: "grid-line" }));
   const bars = series.map(([, v], i) => {
-    const height = Math.max((v / top) * (h - 8), 1);
+    const height = v > 0 ? Math.max((v / max) * h, 1) : 0;
     return svgEl("rect", { x: i * slot + 1, y: h - height, width: Math.max(slot - 2, 1), height, class: "bar" });
   });
-  svg.replaceChildren(svgEl("line", { x1: 0, y1: h, x2: w, y2: h, class: "axis" }), ...bars);
+  const axes = [
+    svgEl("line", { x1: 0, y1: h, x2: w, y2: h, class: "axis" }),
+    svgEl("line", { x1: 0.5, y1: 0, x2: 0.5, y2: h, class: "axis" }),
+  ];
+  svg.replaceChildren(...grid, ...bars, ...axes);
 }
 
 function poll(url, apply) {
