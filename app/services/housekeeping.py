@@ -1,7 +1,7 @@
 """The API process's background work: validate new batches, finalize ready ones, expire files,
-deliver webhooks.
+deliver webhooks, plan the schedule.
 
-Three loops run side by side so that a long finalization never delays the
+Four loops run side by side so that a long finalization never delays the
 validation of a newly created batch, and a slow webhook receiver delays neither. Each wakes every
 `housekeeping_interval_seconds`, or at once when `wake()` is called (the create
 route wakes validation, the cancel route finalization). Every step is a
@@ -22,6 +22,7 @@ from collections.abc import Callable
 from app.config import Settings
 from app.db.session import session_scope
 from app.services.file_expiry import expire_files
+from app.services.schedule import replan
 from app.services.uploads import expire_uploads
 from app.services.validation import validate_pending
 from app.services.webhook_delivery import deliver_due
@@ -72,6 +73,12 @@ def _validate(settings: Settings, owner: str) -> None:
         wake(settings, WEBHOOKS)  # a batch that failed validation has an event to send
 
 
+def plan_schedule(settings: Settings) -> None:
+    """One planner pass: which batches are at risk, and every open batch's ETA."""
+    with session_scope(settings) as session:
+        replan(session, settings.scheduler)
+
+
 def tidy(settings: Settings, owner: str) -> None:
     """One pass of everything but validation: finalize, expire uploads and files, sweep temp."""
     storage = storage_of(settings)
@@ -100,6 +107,7 @@ async def housekeeping_loop(settings: Settings, stop: asyncio.Event) -> None:
             _repeat(settings, stop, validate_wake, lambda: _validate(settings, owner)),
             _repeat(settings, stop, tidy_wake, lambda: tidy(settings, owner)),
             _repeat(settings, stop, deliver_wake, lambda: deliver_due(settings, owner)),
+            _repeat(settings, stop, asyncio.Event(), lambda: plan_schedule(settings)),
         )
     finally:
         for undo in unregister:
