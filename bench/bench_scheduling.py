@@ -116,7 +116,7 @@ def deployment(order: str, args: argparse.Namespace, work: Path) -> Iterator[Run
             ).decode(),
             "OVERNIGHT_LOG_FORMAT": "text",
         }
-        with api_server(env, data / "api.log") as server:
+        with api_server(env, data / "api.log", start_timeout=600) as server:
             full = {
                 **{k: v for k, v in os.environ.items() if not k.startswith("OVERNIGHT_")},
                 **env,
@@ -245,10 +245,14 @@ def main() -> None:
     parser.add_argument("--share-seconds", type=float, default=120.0)
     parser.add_argument("--short-window", type=float, default=60.0, help='"1h", in seconds')
     parser.add_argument("--long-window", type=float, default=3600.0, help='"24h", in seconds')
+    parser.add_argument("--orders", default="fifo,fair", help="comma-separated")
+    parser.add_argument("--results", type=Path, default=Path("bench-scheduling.json"))
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-scheduling-"))
     results: dict[str, dict[str, Any]] = {}
-    for order in ("fifo", "fair"):
+    if args.results.exists():
+        results.update(orjson.loads(args.results.read_bytes()))
+    for order in args.orders.split(","):
         r: dict[str, Any] = {}
         # One deployment per order: each scenario's projects are new ones.
         with deployment(order, args, work) as run:
@@ -258,14 +262,17 @@ def main() -> None:
             print(order, "shares", r["shares"], flush=True)
             r["expired"], r["expired_long"], r["flagged"] = overload(run, args.short_window)
             print(order, "expired", r["expired"], r["expired_long"], r["flagged"], flush=True)
-            r["eta"] = eta_errors(run)
+            r["eta"] = {str(k): v for k, v in eta_errors(run).items()}
         results[order] = r
+        args.results.write_bytes(orjson.dumps(results))
+    if set(results) != {"fifo", "fair"}:
+        return
 
     def pct(v: float) -> str:
         return f"{100 * v:.1f} %"
 
     def eta(order: str, mark: int) -> str:
-        errors = sorted(results[order]["eta"][mark])
+        errors = sorted(results[order]["eta"][str(mark)])
         if not errors:
             return "n/a"
         return f"median {pct(errors[len(errors) // 2])}, max {pct(errors[-1])} ({len(errors)})"

@@ -36,6 +36,8 @@ log = logging.getLogger("overnight.housekeeping")
 STALE_TEMP_SECONDS = 24 * 3600
 
 VALIDATION, FINALIZATION, WEBHOOKS = "validation", "finalization", "webhooks"
+# The planner's period at least: its pass writes estimates, and it need not run faster.
+PLAN_SECONDS = 1.0
 
 _wakers: dict[tuple[str, str], list[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
 _wakers_lock = threading.Lock()
@@ -107,7 +109,7 @@ async def housekeeping_loop(settings: Settings, stop: asyncio.Event) -> None:
             _repeat(settings, stop, validate_wake, lambda: _validate(settings, owner)),
             _repeat(settings, stop, tidy_wake, lambda: tidy(settings, owner)),
             _repeat(settings, stop, deliver_wake, lambda: deliver_due(settings, owner)),
-            _repeat(settings, stop, asyncio.Event(), lambda: plan_schedule(settings)),
+            _repeat(settings, stop, asyncio.Event(), lambda: plan_schedule(settings), PLAN_SECONDS),
         )
     finally:
         for undo in unregister:
@@ -115,7 +117,11 @@ async def housekeeping_loop(settings: Settings, stop: asyncio.Event) -> None:
 
 
 async def _repeat(
-    settings: Settings, stop: asyncio.Event, wake_event: asyncio.Event, step: Callable[[], object]
+    settings: Settings,
+    stop: asyncio.Event,
+    wake_event: asyncio.Event,
+    step: Callable[[], object],
+    at_least: float = 0.0,
 ) -> None:
     while not stop.is_set():
         wake_event.clear()
@@ -123,7 +129,7 @@ async def _repeat(
             await asyncio.to_thread(step)
         except Exception:
             log.exception("housekeeping step failed; retrying at the next interval")
-        await _sleep(stop, wake_event, settings.housekeeping_interval_seconds)
+        await _sleep(stop, wake_event, max(settings.housekeeping_interval_seconds, at_least))
 
 
 async def _sleep(stop: asyncio.Event, wake_event: asyncio.Event, seconds: float) -> None:

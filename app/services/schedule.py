@@ -27,6 +27,8 @@ from app.schemas.admin import ProjectObject, ScheduledBatchObject
 SPEED_WINDOW_SECONDS = 60.0
 # An estimate is kept each time a batch has done another twentieth of its requests.
 RECORD_STEPS = 20
+# A batch's row is rewritten only when its estimate moved by more than this (or a flag did).
+ETA_TOLERANCE_SECONDS = 1.0
 
 
 def _share_insert(session: Session, project_id: str, model: str) -> None:
@@ -145,7 +147,7 @@ def _speeds(session: Session, now: float) -> dict[str, float]:
 
 
 def _open_batches(session: Session) -> list[Any]:
-    done = func.sum(Shard.completed + Shard.failed)
+    done = func.sum(Shard.completed + Shard.failed).label("done")
     return list(
         session.execute(
             select(
@@ -158,8 +160,11 @@ def _open_batches(session: Session) -> list[Any]:
                 Batch.total,
                 Batch.work_done,
                 Batch.urgent_deadline,
+                Batch.expected_miss,
+                Batch.eta_start_at,
+                Batch.eta_finish_at,
                 done,
-                func.max(Shard.attempts),
+                func.max(Shard.attempts).label("attempts"),
             )
             .join(Project, Project.id == Batch.project_id)
             .join(Shard, Shard.batch_id == Batch.id)
@@ -172,7 +177,7 @@ def _open_batches(session: Session) -> list[Any]:
 def _demands(rows: Sequence[Any]) -> list[Demand]:
     """Each batch's work left: requests left times its work per request (else its model's)."""
     work = sum(r.work_done for r in rows)
-    done = sum(r[9] or 0 for r in rows)
+    done = sum(r.done or 0 for r in rows)
     mean = work / done if done else 1.0
     return [
         Demand(
@@ -181,8 +186,9 @@ def _demands(rows: Sequence[Any]) -> list[Demand]:
             weight=r.weight,
             seq=r.seq,
             expires_at=float(r.expires_at),
-            remaining_work=max(r.total - (r[9] or 0), 0) * (r.work_done / r[9] if r[9] else mean),
-            started=bool(r[10]),
+            remaining_work=max(r.total - (r.done or 0), 0)
+            * (r.work_done / r.done if r.done else mean),
+            started=bool(r.attempts),
             at_risk=r.urgent_deadline is not None,
         )
         for r in rows
@@ -203,6 +209,16 @@ def replan(session: Session, order: Order, now: float | None = None) -> list[Est
     return estimates
 
 
+def _changed(row: Any, e: Estimate) -> bool:
+    """Whether the stored estimate is off by more than the tolerance, or a flag changed."""
+    if (row.urgent_deadline is not None, row.expected_miss) != (e.at_risk, e.expected_miss):
+        return True
+    if row.eta_start_at is None or row.eta_finish_at is None:
+        return True
+    moved = max(abs(row.eta_start_at - e.start_at), abs(row.eta_finish_at - e.finish_at))
+    return moved > ETA_TOLERANCE_SECONDS
+
+
 def _store(
     session: Session, estimates: Iterable[Estimate], rows: dict[str, Any], now: float
 ) -> None:
@@ -216,18 +232,19 @@ def _store(
     )
     for e in sorted(estimates, key=lambda e: rows[e.batch_id].seq):
         row = rows[e.batch_id]
-        session.execute(
-            update(Batch)
-            .where(Batch.id == e.batch_id, Batch.status == BatchStatus.IN_PROGRESS)
-            .values(
-                eta_start_at=e.start_at,
-                eta_finish_at=e.finish_at,
-                eta_made_at=now,
-                expected_miss=e.expected_miss,
-                urgent_deadline=row.expires_at if e.at_risk else None,
+        if _changed(row, e):
+            session.execute(
+                update(Batch)
+                .where(Batch.id == e.batch_id, Batch.status == BatchStatus.IN_PROGRESS)
+                .values(
+                    eta_start_at=e.start_at,
+                    eta_finish_at=e.finish_at,
+                    eta_made_at=now,
+                    expected_miss=e.expected_miss,
+                    urgent_deadline=row.expires_at if e.at_risk else None,
+                )
             )
-        )
-        done = int(row[9] or 0)
+        done = int(row.done or 0)
         previous = last.get(e.batch_id)
         if previous is None or done - previous >= max(row.total / RECORD_STEPS, 1):
             session.add(
