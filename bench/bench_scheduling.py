@@ -157,7 +157,8 @@ def late_small_batch(run: Run) -> float:
     done = run.wait("B", small)
     assert done.status == "completed" and done.completed_at is not None
     took = done.completed_at - done.created_at
-    run.client("A").batches.cancel(big)
+    if run.client("A").batches.retrieve(big).status not in TERMINAL:
+        run.client("A").batches.cancel(big)
     return float(took)
 
 
@@ -183,7 +184,8 @@ def weighted_shares(run: Run, seconds: float) -> dict[str, float]:
     time.sleep(seconds)
     after = _tokens_by_project(run)
     for project, batch_id in batches:
-        run.client(project).batches.cancel(batch_id)
+        if run.client(project).batches.retrieve(batch_id).status not in TERMINAL:
+            run.client(project).batches.cancel(batch_id)
     made = {p: after.get(p, 0) - before.get(p, 0) for p in weights}
     total = sum(made.values()) or 1
     return {p: made[p] / total for p in weights}
