@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from app.core.schedule import Order
 from app.endpoints import GENERATIVE, POOLING
 from app.storage.base import parse_s3_url
 
@@ -84,6 +85,9 @@ class Settings(BaseSettings):
     models: list[ServedModel] = Field(default_factory=lambda: list(DEFAULT_MODELS))
 
     lease_seconds: float = 30.0
+    # Which runnable shard a worker takes next: `fair` (fair share by project weight, batches
+    # at risk of missing their deadline first) or `fifo` (the oldest batch first).
+    scheduler: Order = Order.FAIR
     log_level: str = "info"
     # "json": one object a line with the request id (for log collectors); "text" for a
     # terminal; "auto": text when stderr is a terminal, else JSON.

@@ -24,7 +24,9 @@ class ApiServer:
 
 
 @contextmanager
-def api_server(env: Mapping[str, str], log_path: Path | None = None) -> Iterator[ApiServer]:
+def api_server(
+    env: Mapping[str, str], log_path: Path | None = None, start_timeout: float = 60
+) -> Iterator[ApiServer]:
     """`python -m app.cli api` on a free loopback port, configured only by `env`.
 
     The caller's own `OVERNIGHT_*` variables are dropped, so `env` says everything.
@@ -42,7 +44,7 @@ def api_server(env: Mapping[str, str], log_path: Path | None = None) -> Iterator
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + start_timeout
         while True:
             try:
                 if httpx.get(f"{url}/v1/files", timeout=1).status_code < 500:

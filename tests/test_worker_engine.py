@@ -22,6 +22,10 @@ from sqlalchemy import update
 
 from app.db.models import Batch
 from app.db.session import session_scope
+from app.schemas.batches import CreateBatchRequest
+from app.services.auth import ensure_project
+from app.services.batches import create_batch
+from tests.batch_sim import load_batch, store_input_file
 from tests.engine_fixtures import (
     CHAT,
     ENGINE_ENV,
@@ -494,3 +498,36 @@ def test_two_workers_share_a_batch_on_postgresql(
         ran = [set(w.submissions(batch_id)) for w in workers]
         assert ran[0] and ran[1], "one worker took every shard"
         assert not ran[0] & ran[1] and ran[0] | ran[1] == set(range(1, 97))
+
+
+def test_two_projects_progress_together_and_the_later_small_batch_ends_first(
+    local: Deployment,
+) -> None:
+    """Fair share on the real engine: B's 16 requests, created while A's 640 run, end first."""
+    lines = [
+        chat_line(f"a{i}", f"Say a word about {i}.", max_tokens=8, ignore_eos=True)
+        for i in range(640)
+    ]
+    with local.client() as client:
+        big = start_batch(client, jsonl(lines))
+        wait_completed(client, big, 32, timeout=300)
+        with session_scope(local.settings) as session:
+            beta = ensure_project(session, "beta").id
+        data = jsonl([chat_line(f"b{i}", f"Name a colour, {i}.", max_tokens=8) for i in range(16)])
+        file_id = store_input_file(local.settings, data, beta)
+        request = CreateBatchRequest(input_file_id=file_id, endpoint=CHAT, completion_window="24h")
+        with session_scope(local.settings) as session:
+            small = create_batch(session, local.settings, beta, request).id
+        a_at_b_start = client.batches.retrieve(big).request_counts
+        deadline = time.monotonic() + 300
+        while (b := load_batch(local.settings, small)).status != "completed":
+            assert time.monotonic() < deadline, b.status
+            time.sleep(0.2)
+        a_at_b_end = client.batches.retrieve(big)
+        assert a_at_b_end.status == "in_progress", "A ended before B: B waited behind it"
+        assert a_at_b_start is not None and a_at_b_end.request_counts is not None
+        # Both progressed while B ran: A kept going beside it.
+        assert a_at_b_end.request_counts.completed > a_at_b_start.completed
+        assert a_at_b_end.request_counts.completed < 640
+        assert b.completed == 16
+        wait_status(client, big, "completed", timeout=600)

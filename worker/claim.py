@@ -1,5 +1,10 @@
 """Shard leases: claim, checkpoint (results + counts + heartbeat, fenced), release.
 
+Order (`OVERNIGHT_SCHEDULER`, `app.core.schedule`): `fair` takes batches the planner found at
+risk of missing `expires_at` first, earliest deadline first; then the project whose clock
+(work served / weight, on this model) is lowest; then that project's batch with the least
+work served; then the oldest batch, its first shard. `fifo` is the oldest batch first.
+
 A claim is one conditional `UPDATE … WHERE id = (SELECT … LIMIT 1) RETURNING`; on PostgreSQL
 the inner select takes `FOR UPDATE SKIP LOCKED` so concurrent workers never wait on each
 other, on SQLite every transaction is already `BEGIN IMMEDIATE`. A claim bumps the shard's
@@ -9,42 +14,86 @@ newer one (fencing).
 
 import time
 from collections.abc import Sequence
+from typing import Any
 
-from sqlalchemy import and_, exists, or_, select, update
+from sqlalchemy import ColumnElement, Select, and_, exists, func, or_, select, update
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.dml import ReturningUpdate
 
 from app.core.leases import BatchState, ShardLease
 from app.core.progress import PROGRESS_FIELDS, Progress
+from app.core.schedule import Order, work_of
 from app.core.states import BatchStatus, ShardStatus
-from app.db.models import Batch, File, ResultChunk, Shard
+from app.db.models import Batch, File, ProjectShare, ResultChunk, Shard
+from app.services.schedule import record_work
+
+# The best batches a claim looks at: enough that claims racing for the same shards skip
+# to another one instead of coming back empty.
+TOP_BATCHES = 4
 
 
-def claim_shard(
-    session: Session, owner: str, models: Sequence[str], lease_seconds: float
-) -> ShardLease | None:
-    """Take the oldest runnable shard: pending, or running under a lease that lapsed."""
-    now = time.time()
-    candidate = (
-        select(Shard.id)
-        .join(Batch, Batch.id == Shard.batch_id)
+def _claimable(now: float, lease_seconds: float) -> ColumnElement[bool]:
+    """A shard anyone may take: pending, or running under a lease that lapsed."""
+    return or_(
+        Shard.status == ShardStatus.PENDING,
+        and_(Shard.status == ShardStatus.RUNNING, Shard.heartbeat_at < now - lease_seconds),
+    )
+
+
+def _batch_order(order: Order) -> list[Any]:
+    if order is Order.FIFO:
+        return [Batch.seq]
+    return [
+        Batch.urgent_deadline.asc().nulls_last(),
+        func.coalesce(ProjectShare.vtime, 0.0),
+        Batch.vtime,
+        Batch.seq,
+    ]
+
+
+def candidates(
+    models: Sequence[str], lease_seconds: float, order: Order, now: float
+) -> Select[Any]:
+    """Runnable shards, best first: the best batches' shards in index order.
+
+    Batches are ranked first (only those with a claimable shard, `TOP_BATCHES` of them),
+    then only their shards are read, through `ix_shards_claim_order`: a claim never sorts
+    every open shard of the deployment.
+    """
+    claimable = _claimable(now, lease_seconds)
+    share = (ProjectShare.project_id == Batch.project_id) & (ProjectShare.model == Batch.model)
+    top = (
+        select(Batch.id, func.row_number().over(order_by=_batch_order(order)).label("rank"))
+        .outerjoin(ProjectShare, share)
         .where(
             Batch.status == BatchStatus.IN_PROGRESS,
             Batch.model.in_(list(models)),
             Batch.expires_at > int(now),
-            or_(
-                Shard.status == ShardStatus.PENDING,
-                and_(
-                    Shard.status == ShardStatus.RUNNING,
-                    Shard.heartbeat_at < now - lease_seconds,
-                ),
-            ),
+            exists().where(Shard.batch_id == Batch.id, claimable),
         )
-        .order_by(Batch.seq, Shard.index)
+        .order_by(*_batch_order(order))
+        .limit(TOP_BATCHES)
+        .subquery("top")
+    )
+    return (
+        select(Shard.id)
+        .join(top, top.c.id == Shard.batch_id)
+        .where(claimable)
+        .order_by(top.c.rank, Shard.index)
+    )
+
+
+def claim_statement(
+    owner: str, models: Sequence[str], lease_seconds: float, order: Order, now: float
+) -> ReturningUpdate[Any]:
+    """The claim: one conditional `UPDATE … RETURNING` of the best runnable shard."""
+    candidate = (
+        candidates(models, lease_seconds, order, now)
         .limit(1)
         .with_for_update(skip_locked=True, of=Shard)
         .scalar_subquery()
     )
-    claimed = session.execute(
+    return (
         update(Shard)
         .where(Shard.id == candidate)
         .values(
@@ -56,7 +105,19 @@ def claim_shard(
         )
         .returning(Shard.id)
         .execution_options(synchronize_session=False)
-    ).scalar_one_or_none()
+    )
+
+
+def claim_shard(
+    session: Session,
+    owner: str,
+    models: Sequence[str],
+    lease_seconds: float,
+    order: Order = Order.FAIR,
+) -> ShardLease | None:
+    """Take the best runnable shard in `order`."""
+    statement = claim_statement(owner, models, lease_seconds, order, time.time())
+    claimed = session.execute(statement).scalar_one_or_none()
     return None if claimed is None else _lease(session, claimed, owner)
 
 
@@ -146,8 +207,12 @@ def checkpoint(
                 storage_key=key,
                 lines=lines,
                 created_at=now,
+                work=work_of(progress) if progress is not None else 0,
             )
         )
+    work = work_of(progress) if progress is not None else 0
+    if work:
+        return BatchState(*record_work(session, lease.batch_id, work))
     status_row = session.execute(
         select(Batch.status, Batch.expires_at).where(Batch.id == lease.batch_id)
     ).one()

@@ -198,6 +198,7 @@ class Worker:
                     self.options.worker_id,
                     self.engine.served_names,
                     self.settings.lease_seconds,
+                    self.settings.scheduler,
                 )
 
         try:

@@ -4,6 +4,7 @@ import argparse
 import os
 from itertools import islice
 from pathlib import Path
+from typing import Any
 
 import openai
 import orjson
@@ -11,6 +12,7 @@ from openai.types import Batch
 
 from app.client import output
 from app.client.connection import CliError, client
+from app.client.projects import schedule_of, schedule_rows
 from app.client.wait import wait_for
 
 DEFAULT_ENDPOINT = "/v1/chat/completions"
@@ -105,7 +107,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _show(batch: Batch) -> None:
+def _show(batch: Batch, schedule: dict[str, Any] | None = None) -> None:
     counts = batch.request_counts
     rows = [
         ("id", batch.id),
@@ -140,6 +142,7 @@ def _show(batch: Batch) -> None:
     ):
         if (ts := getattr(batch, field)) is not None:
             rows.append((field.removesuffix("_at").replace("_", " "), output.when(ts)))
+    rows += schedule_rows(schedule)
     for key, value in (batch.metadata or {}).items():
         rows.append((f"metadata {key}", value))
     output.print_table(["FIELD", "VALUE"], [(k, v) for k, v in rows if v != ""], empty="")
@@ -155,11 +158,12 @@ def _show(batch: Batch) -> None:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    batch = client(args).batches.retrieve(args.batch_id)
+    api = client(args)
+    batch = api.batches.retrieve(args.batch_id)
     if args.json:
         output.print_json(batch)
     else:
-        _show(batch)
+        _show(batch, schedule_of(api, batch.id) if batch.status not in TERMINAL else None)
     return 0
 
 

@@ -3,7 +3,7 @@
 import argparse
 from typing import Any
 
-from app.client import batches, files, keys, webhooks
+from app.client import batches, files, keys, projects, webhooks
 from app.client.connection import Command, add_connection_args, reports_errors
 from app.core.states import BatchStatus
 from app.services.auth import DEFAULT_PROJECT
@@ -94,6 +94,16 @@ def _keys(sub: Any) -> None:
     p.add_argument("--data-dir", dest="data_dir", help="local mode: the deployment's data dir")
 
 
+def _projects(sub: Any) -> None:
+    group = sub.add_parser(
+        "projects", help="projects and their fair-share weights (admin key)"
+    ).add_subparsers(dest="projects_command", required=True)
+    _command(group, "list", projects.cmd_list, "every project with its weight", json=True)
+    p = _command(group, "weight", projects.cmd_weight, "set a project's fair-share weight")
+    p.add_argument("project", help="the project's name or id")
+    p.add_argument("weight", type=float, help="its share against other projects (default 1)")
+
+
 def _webhooks(sub: Any) -> None:
     group = sub.add_parser(
         "webhooks", help="endpoints that get a signed event when a batch ends"
@@ -124,8 +134,9 @@ def _webhooks(sub: Any) -> None:
 
 
 def register(sub: Any) -> None:
-    """Adds `batches`, `files`, `keys` and `webhooks` to the `overnight` subparsers."""
+    """Adds `batches`, `files`, `keys`, `projects` and `webhooks` to the `overnight` subparsers."""
     _batches(sub)
     _files(sub)
     _keys(sub)
+    _projects(sub)
     _webhooks(sub)

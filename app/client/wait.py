@@ -7,6 +7,7 @@ from openai.types import Batch, BatchRequestCounts
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from app.client import output
+from app.client.projects import eta_text, schedule_of
 
 TERMINAL = ("completed", "failed", "expired", "cancelled")
 
@@ -17,16 +18,19 @@ def wait_for(api: openai.OpenAI, batch_id: str, interval: float = 1.0) -> Batch:
         TextColumn("{task.fields[status]:<11}"),
         BarColumn(),
         MofNCompleteColumn(),
-        TextColumn("{task.fields[counts]} · {task.fields[rate]}"),
+        TextColumn("{task.fields[counts]} · {task.fields[rate]}{task.fields[eta]}"),
         TimeElapsedColumn(),
     )
     try:
         with Progress(*columns, console=output.errors) as bar:
-            task = bar.add_task("batch", total=None, status="validating", counts="", rate="")
+            task = bar.add_task(
+                "batch", total=None, status="validating", counts="", rate="", eta=""
+            )
             while True:
                 batch = api.batches.retrieve(batch_id)
                 counts = batch.request_counts or BatchRequestCounts(completed=0, failed=0, total=0)
                 done = counts.completed + counts.failed
+                eta = "" if batch.status in TERMINAL else eta_text(schedule_of(api, batch_id))
                 bar.update(
                     task,
                     total=counts.total or None,
@@ -34,6 +38,7 @@ def wait_for(api: openai.OpenAI, batch_id: str, interval: float = 1.0) -> Batch:
                     status=batch.status,
                     counts=output.outcomes(batch),
                     rate=str(output.throughput(batch)),
+                    eta=f" · {eta}" if eta else "",
                 )
                 if batch.status in TERMINAL:
                     return batch

@@ -32,8 +32,8 @@ from app.dashboard.auth import (
     is_admin_key,
     safe_next,
 )
-from app.schemas.admin import CreateApiKeyRequest
-from app.services import batches, file_expiry, keys
+from app.schemas.admin import CreateApiKeyRequest, UpdateProjectRequest
+from app.services import batches, file_expiry, keys, schedule
 from app.services.housekeeping import FINALIZATION, wake
 from app.version import overnight_version
 
@@ -308,6 +308,15 @@ async def create_key(request: Request, _login: ApiLogin, uow: UnitOfWorkDep) -> 
         # The first key ends open mode: keep this browser logged in with it.
         _set_login_cookie(response, request, secret)
     return response
+
+
+@router.post("/api/projects/{project_id}/weight")
+async def set_weight(
+    project_id: str, request: Request, _login: ApiLogin, uow: UnitOfWorkDep
+) -> dict[str, Any]:
+    body = await read_json(request, UpdateProjectRequest)
+    project = await uow.run(schedule.set_weight, project_id, body.weight)
+    return {"id": project.id, "weight": project.weight}
 
 
 @router.post("/api/keys/{key_id}/revoke")

@@ -13,7 +13,7 @@ from typing import Any
 
 from app.core.progress import Outcomes
 from app.core.states import CANCELLABLE_BATCH_STATUSES, TERMINAL_BATCH_STATUSES, BatchStatus
-from app.db.models import File, RegisteredWorker
+from app.db.models import Batch, File, RegisteredWorker
 from app.schemas.admin import WorkerState
 from app.services.files import Preview
 from app.services.fleet import SERVING_STATES, Fleet
@@ -155,6 +155,7 @@ def batch_detail(view: BatchView, files: dict[str, File], now: float) -> Row:
     detail["has_errors"] = bool(detail["errors"])
     detail["metadata"] = [{"key": k, "value": str(v)} for k, v in (b.metadata_ or {}).items()]
     detail["retryable"] = b.status in TERMINAL_BATCH_STATUSES and b.error_file_id is not None
+    detail.update(schedule_fields(b))
     for kind, file_id in (
         ("input", b.input_file_id),
         ("output", b.output_file_id),
@@ -318,3 +319,20 @@ def fleet_overview(f: Fleet) -> Row:
 def _worker_counts(states: Counter[WorkerState]) -> str:
     parts = [f"{states[s]} {s}" for s in WorkerState if states[s]]
     return ", ".join(parts) if parts else "none"
+
+
+def schedule_fields(b: Batch) -> Row:
+    """The planner's estimate for an open batch (app/services/schedule.py)."""
+    open_ = b.status in (BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS)
+    if not open_ or b.eta_finish_at is None:
+        return {"est_start": DASH, "est_finish": DASH, "deadline": DASH}
+    deadline = "on time"
+    if b.expected_miss:
+        deadline = "expected to miss"
+    elif b.urgent_deadline is not None:
+        deadline = "at risk: served first"
+    return {
+        "est_start": fmt_time(b.eta_start_at),
+        "est_finish": fmt_time(b.eta_finish_at),
+        "deadline": deadline,
+    }

@@ -73,6 +73,23 @@ class Project(Base):
     id: Mapped[str] = mapped_column(String(64), unique=True)
     name: Mapped[str] = mapped_column(String(128), unique=True)
     created_at: Mapped[int] = mapped_column(BigInteger)
+    # Its share of a model's workers against other projects with work for it (fair share).
+    weight: Mapped[float] = mapped_column(Float, default=1.0, server_default="1")
+
+
+class ProjectShare(Base):
+    """A project's fair-share clock on one model: work served divided by its weight.
+
+    A project that comes back after being idle restarts at the busiest clock's minimum
+    (`app.services.schedule.admit`), so idle time is not banked.
+    """
+
+    __tablename__ = "project_shares"
+
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id"), primary_key=True)
+    model: Mapped[str] = mapped_column(String(256), primary_key=True)
+    vtime: Mapped[float] = mapped_column(Float, default=0.0)
+    work_done: Mapped[int] = mapped_column(BigInteger, default=0)
 
 
 class ApiKey(Base):
@@ -167,6 +184,13 @@ class Batch(ProgressColumns, Base):
             postgresql_where=text(_in("status", CLAIMABLE_BATCH_STATUSES)),
             sqlite_where=text(_in("status", CLAIMABLE_BATCH_STATUSES)),
         ),
+        # The shard claim's and the planner's path: running batches, by model.
+        Index(
+            "ix_batches_running",
+            "model",
+            postgresql_where=text(_in("status", (BatchStatus.IN_PROGRESS,))),
+            sqlite_where=text(_in("status", (BatchStatus.IN_PROGRESS,))),
+        ),
     )
 
     seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
@@ -204,6 +228,18 @@ class Batch(ProgressColumns, Base):
     # `[unix time, requests/s]` points kept at the end: the result chunks they come from go.
     throughput: Mapped[list[Any] | None] = mapped_column(JSON)
 
+    # Scheduling (app/services/schedule.py, worker/claim.py). Work served (output tokens, or
+    # input tokens, or requests: `app.core.schedule.work_of`) and the batch's fair-share clock
+    # inside its project; `urgent_deadline` is `expires_at` while the planner finds the
+    # batch at risk under fair share (it then goes first, earliest deadline first).
+    work_done: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    vtime: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    urgent_deadline: Mapped[int | None] = mapped_column(BigInteger)
+    expected_miss: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
+    eta_start_at: Mapped[float | None] = mapped_column(Float)
+    eta_finish_at: Mapped[float | None] = mapped_column(Float)
+    eta_made_at: Mapped[float | None] = mapped_column(Float)
+
     # Lease for the batch-level steps (validation, finalization).
     lease_owner: Mapped[str | None] = mapped_column(String(128))
     lease_epoch: Mapped[int] = mapped_column(Integer, default=0)
@@ -221,6 +257,15 @@ class Shard(ProgressColumns, Base):
             "ix_shards_claimable",
             "batch_id",
             "status",
+            postgresql_where=text(_in("status", OPEN_SHARD_STATUSES)),
+            sqlite_where=text(_in("status", OPEN_SHARD_STATUSES)),
+        ),
+        # The claim's path: batches in the schedule's order, then each one's open shards in
+        # index order (worker/claim.py), so no claim sorts every open shard.
+        Index(
+            "ix_shards_claim_order",
+            "batch_id",
+            "index",
             postgresql_where=text(_in("status", OPEN_SHARD_STATUSES)),
             sqlite_where=text(_in("status", OPEN_SHARD_STATUSES)),
         ),
@@ -255,7 +300,27 @@ class ResultChunk(Base):
     sequence: Mapped[int] = mapped_column(Integer)
     storage_key: Mapped[str] = mapped_column(String(512))
     lines: Mapped[int] = mapped_column(Integer)
-    created_at: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[float] = mapped_column(Float, index=True)
+    # Its work (`app.core.schedule.work_of`): the planner's measure of a model's speed.
+    work: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+
+
+class BatchEstimate(Base):
+    """The planner's estimate for a batch when it had `done` of `total` requests finished.
+
+    Kept so that an estimate can be held against the truth (bench/bench_scheduling.py).
+    """
+
+    __tablename__ = "batch_estimates"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    batch_id: Mapped[str] = mapped_column(ForeignKey("batches.id"), index=True)
+    made_at: Mapped[float] = mapped_column(Float)
+    done: Mapped[int] = mapped_column(Integer)
+    total: Mapped[int] = mapped_column(Integer)
+    start_at: Mapped[float | None] = mapped_column(Float)
+    finish_at: Mapped[float | None] = mapped_column(Float)
+    expected_miss: Mapped[bool] = mapped_column(Boolean, default=False)
 
 
 class RegisteredWorker(Base):

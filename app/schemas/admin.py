@@ -26,6 +26,31 @@ class ProjectObject(BaseModel):
     id: str
     name: str
     created_at: int
+    weight: float = Field(description="Its share of a model's workers against other projects.")
+
+
+class UpdateProjectRequest(RequestModel):
+    weight: float = Field(
+        gt=0, le=1000, description="Fair-share weight; every project starts at 1."
+    )
+
+
+class ScheduledBatchObject(BaseModel):
+    """Where an open batch stands in its model's schedule (ours; not on OpenAI's Batch)."""
+
+    object: Literal["batch.schedule"] = "batch.schedule"
+    batch_id: str
+    project_id: str
+    project_name: str
+    model: str | None
+    status: str
+    position: int | None = Field(description="1 is served first, among its model's batches.")
+    at_risk: bool = Field(description="Would miss expires_at under fair share: served first.")
+    expected_to_miss: bool = Field(description="Expected to expire before it finishes.")
+    expires_at: int
+    estimated_start_at: float | None
+    estimated_finish_at: float | None
+    estimated_at: float | None = Field(description="When the planner made the estimate.")
 
 
 class ApiKeyObject(BaseModel):

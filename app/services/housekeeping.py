@@ -1,7 +1,7 @@
 """The API process's background work: validate new batches, finalize ready ones, expire files,
-deliver webhooks.
+deliver webhooks, plan the schedule.
 
-Three loops run side by side so that a long finalization never delays the
+Four loops run side by side so that a long finalization never delays the
 validation of a newly created batch, and a slow webhook receiver delays neither. Each wakes every
 `housekeeping_interval_seconds`, or at once when `wake()` is called (the create
 route wakes validation, the cancel route finalization). Every step is a
@@ -22,6 +22,7 @@ from collections.abc import Callable
 from app.config import Settings
 from app.db.session import session_scope
 from app.services.file_expiry import expire_files
+from app.services.schedule import replan
 from app.services.uploads import expire_uploads
 from app.services.validation import validate_pending
 from app.services.webhook_delivery import deliver_due
@@ -35,6 +36,8 @@ log = logging.getLogger("overnight.housekeeping")
 STALE_TEMP_SECONDS = 24 * 3600
 
 VALIDATION, FINALIZATION, WEBHOOKS = "validation", "finalization", "webhooks"
+# The planner's period at least: its pass writes estimates, and it need not run faster.
+PLAN_SECONDS = 1.0
 
 _wakers: dict[tuple[str, str], list[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
 _wakers_lock = threading.Lock()
@@ -72,6 +75,12 @@ def _validate(settings: Settings, owner: str) -> None:
         wake(settings, WEBHOOKS)  # a batch that failed validation has an event to send
 
 
+def plan_schedule(settings: Settings) -> None:
+    """One planner pass: which batches are at risk, and every open batch's ETA."""
+    with session_scope(settings) as session:
+        replan(session, settings.scheduler)
+
+
 def tidy(settings: Settings, owner: str) -> None:
     """One pass of everything but validation: finalize, expire uploads and files, sweep temp."""
     storage = storage_of(settings)
@@ -100,6 +109,7 @@ async def housekeeping_loop(settings: Settings, stop: asyncio.Event) -> None:
             _repeat(settings, stop, validate_wake, lambda: _validate(settings, owner)),
             _repeat(settings, stop, tidy_wake, lambda: tidy(settings, owner)),
             _repeat(settings, stop, deliver_wake, lambda: deliver_due(settings, owner)),
+            _repeat(settings, stop, asyncio.Event(), lambda: plan_schedule(settings), PLAN_SECONDS),
         )
     finally:
         for undo in unregister:
@@ -107,7 +117,11 @@ async def housekeeping_loop(settings: Settings, stop: asyncio.Event) -> None:
 
 
 async def _repeat(
-    settings: Settings, stop: asyncio.Event, wake_event: asyncio.Event, step: Callable[[], object]
+    settings: Settings,
+    stop: asyncio.Event,
+    wake_event: asyncio.Event,
+    step: Callable[[], object],
+    at_least: float = 0.0,
 ) -> None:
     while not stop.is_set():
         wake_event.clear()
@@ -115,7 +129,7 @@ async def _repeat(
             await asyncio.to_thread(step)
         except Exception:
             log.exception("housekeeping step failed; retrying at the next interval")
-        await _sleep(stop, wake_event, settings.housekeeping_interval_seconds)
+        await _sleep(stop, wake_event, max(settings.housekeeping_interval_seconds, at_least))
 
 
 async def _sleep(stop: asyncio.Event, wake_event: asyncio.Event, seconds: float) -> None:

@@ -20,6 +20,7 @@ from app.db.models import Batch, File, Project, RegisteredWorker, Shard
 from app.schemas.admin import ProjectObject, WorkerObject, WorkerState
 from app.schemas.batches import BatchObject
 from app.services import batches
+from app.services.schedule import to_project_object
 
 
 @dataclass
@@ -266,9 +267,7 @@ def list_projects(session: Session) -> Sequence[Project]:
 
 
 def project_objects(session: Session) -> list[ProjectObject]:
-    return [
-        ProjectObject(id=p.id, name=p.name, created_at=p.created_at) for p in list_projects(session)
-    ]
+    return [to_project_object(p) for p in list_projects(session)]
 
 
 def files_by_id(session: Session, file_ids: Sequence[str | None]) -> dict[str, File]:

@@ -25,7 +25,7 @@ from app.db.models import Batch, File, Shard
 from app.db.session import session_scope
 from app.endpoints import canonical
 from app.schemas.batches import BatchError
-from app.services import batch_lease, enqueued
+from app.services import batch_lease, enqueued, schedule
 from app.services.batch_end import end_batch
 from app.services.batch_lease import Heartbeat
 from app.services.jsonl import scan_lines
@@ -411,6 +411,7 @@ def _apply(session: Session, settings: Settings, batch: Batch, outcome: Outcome)
     batch.in_progress_at = now
     batch.total = outcome.total
     batch.model = outcome.model
+    schedule.admit(session, batch)
     ends = [s.byte_start for s in outcome.shards[1:]] + [outcome.size]
     session.add_all(
         Shard(

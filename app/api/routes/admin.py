@@ -1,4 +1,5 @@
-"""Admin endpoints: projects' API keys and the worker fleet (admin key required).
+"""Admin endpoints: projects (their weights), API keys, the schedule and the worker fleet
+(admin key required).
 
 Each `uow.run` is one committed transaction.
 """
@@ -13,10 +14,12 @@ from app.schemas.admin import (
     CreateApiKeyRequest,
     CreatedApiKey,
     ProjectObject,
+    ScheduledBatchObject,
+    UpdateProjectRequest,
     WorkerObject,
 )
 from app.schemas.common import ListObject
-from app.services import keys, monitoring
+from app.services import keys, monitoring, schedule
 
 router = APIRouter(prefix="/admin", tags=["admin"])
 
@@ -25,6 +28,25 @@ router = APIRouter(prefix="/admin", tags=["admin"])
 async def list_projects(_admin: AdminDep, uow: UnitOfWorkDep) -> ListObject[ProjectObject]:
     projects = await uow.run(monitoring.project_objects)
     return ListObject.of(projects, has_more=False)
+
+
+@router.post(
+    "/projects/{project}",
+    operation_id="modifyProject",
+    openapi_extra=json_body_openapi(UpdateProjectRequest),
+)
+async def modify_project(
+    project: str, request: Request, _admin: AdminDep, uow: UnitOfWorkDep
+) -> ProjectObject:
+    """Set a project's fair-share weight (the project by id or name)."""
+    body = await read_json(request, UpdateProjectRequest)
+    return await uow.run(schedule.set_weight, project, body.weight)
+
+
+@router.get("/schedule", operation_id="listSchedule")
+async def list_schedule(_admin: AdminDep, uow: UnitOfWorkDep) -> ListObject[ScheduledBatchObject]:
+    """Open batches in the order they are expected to be served, with their estimates."""
+    return ListObject.of(await uow.run(schedule.schedule_objects), has_more=False)
 
 
 @router.get("/api_keys", operation_id="listApiKeys")

@@ -12,9 +12,10 @@ from app.api.body import json_body_openapi, read_json
 from app.api.deps import PrincipalDep, SettingsDep, StorageDep, UnitOfWorkDep
 from app.api.unit_of_work import UnitOfWork
 from app.config import Settings
+from app.schemas.admin import ScheduledBatchObject
 from app.schemas.batches import BatchObject, CreateBatchRequest, RetryBatchRequest
 from app.schemas.common import ListObject
-from app.services import batch_retry, batches
+from app.services import batch_retry, batches, schedule
 from app.services.housekeeping import FINALIZATION, VALIDATION, wake
 from app.storage import Storage
 from app.storage.base import deleted_on_error
@@ -47,6 +48,20 @@ async def list_batches(
 @router.get("/batches/{batch_id}", response_model=BatchObject)
 async def retrieve_batch(batch_id: str, uow: UnitOfWorkDep, principal: PrincipalDep) -> BatchObject:
     return await uow.run(batches.get_batch, principal.project_id, batch_id)
+
+
+@router.get(
+    "/batches/{batch_id}/schedule",
+    response_model=ScheduledBatchObject,
+    operation_id="retrieveBatchSchedule",
+)
+async def retrieve_batch_schedule(
+    batch_id: str, uow: UnitOfWorkDep, principal: PrincipalDep
+) -> ScheduledBatchObject:
+    """Ours: the batch's place in the schedule, its estimated start and finish, and whether
+    it is at risk of expiring (not a field of OpenAI's Batch object)."""
+    scope = None if principal.is_admin else principal.project_id
+    return await uow.run(schedule.scheduled_batch, batch_id, scope)
 
 
 @router.post("/batches/{batch_id}/cancel", response_model=BatchObject)

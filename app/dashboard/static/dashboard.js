@@ -199,6 +199,18 @@ document.addEventListener("DOMContentLoaded", () => {
   for (const select of document.querySelectorAll("select[data-autosubmit]")) {
     select.addEventListener("change", () => select.form.submit());
   }
+  for (const form of document.querySelectorAll("form[data-json-form]")) {
+    form.addEventListener("submit", async (ev) => {
+      ev.preventDefault();
+      const body = JSON.stringify(Object.fromEntries(new FormData(form)));
+      try {
+        await request(form.getAttribute("action"), { method: "POST", headers: ACTION_HEADERS, body });
+        location.reload();
+      } catch (e) {
+        flash(e.message);
+      }
+    });
+  }
   const keyForm = document.querySelector("form[data-create-key]");
   if (keyForm) {
     keyForm.addEventListener("submit", (ev) => {

@@ -1,0 +1,325 @@
+"""The schedule's state in the database: fair-share clocks, weights, the planner's pass, ETAs.
+
+The claim itself (`worker/claim.py`) only reads what is kept here: each project's clock on a
+model (`project_shares.vtime`, work served / weight), each batch's clock inside its project
+(`batches.vtime`) and the planner's verdict `batches.urgent_deadline`. Checkpoints move the
+clocks (`record_work`); `admit` sets them when a batch starts; `replan` runs in the API's
+housekeeping and writes every open batch's estimated start and finish (and keeps a record of
+them in `batch_estimates`, for the benchmark to hold against the truth).
+"""
+
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from sqlalchemy import func, or_, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from app.core.schedule import Demand, Estimate, Order, plan
+from app.core.states import TERMINAL_BATCH_STATUSES, BatchStatus
+from app.db.models import Batch, BatchEstimate, Project, ProjectShare, ResultChunk, Shard
+from app.errors import not_found
+from app.schemas.admin import ProjectObject, ScheduledBatchObject
+
+# A model's speed is the work its workers recorded over this many seconds.
+SPEED_WINDOW_SECONDS = 60.0
+# An estimate is kept each time a batch has done another twentieth of its requests.
+RECORD_STEPS = 20
+# A batch's row is rewritten only when its estimate moved by more than this (or a flag did).
+ETA_TOLERANCE_SECONDS = 1.0
+
+
+def _share_insert(session: Session, project_id: str, model: str) -> None:
+    """The (project, model) clock row, created once even under concurrent creators."""
+    values = {"project_id": project_id, "model": model, "vtime": 0.0, "work_done": 0}
+    dialect = sqlite if session.get_bind().dialect.name == "sqlite" else postgresql
+    session.execute(dialect.insert(ProjectShare).values(values).on_conflict_do_nothing())
+
+
+def admit(session: Session, batch: Batch) -> None:
+    """A batch starts running: set its clocks so neither idle time nor age is banked.
+
+    The batch starts at the lowest clock of its project's other running batches; a project
+    with no other running batch on the model starts at the lowest clock of the projects that
+    have one (it gets its share from now on, not a backlog of what it did not use).
+    """
+    if batch.model is None:
+        return
+    _share_insert(session, batch.project_id, batch.model)
+    running = (
+        Batch.status == BatchStatus.IN_PROGRESS,
+        Batch.model == batch.model,
+        Batch.id != batch.id,
+    )
+    siblings = session.scalar(
+        select(func.min(Batch.vtime)).where(*running, Batch.project_id == batch.project_id)
+    )
+    batch.vtime = float(siblings or 0.0)
+    if siblings is not None:
+        return
+    others = session.scalar(
+        select(func.min(ProjectShare.vtime))
+        .join(
+            Batch,
+            (Batch.project_id == ProjectShare.project_id) & (Batch.model == ProjectShare.model),
+        )
+        .where(*running)
+    )
+    if others is not None:
+        session.execute(
+            update(ProjectShare)
+            .where(ProjectShare.project_id == batch.project_id, ProjectShare.model == batch.model)
+            .values(vtime=others)
+        )
+
+
+def record_work(session: Session, batch_id: str, work: int) -> tuple[BatchStatus, int]:
+    """Adds a checkpoint's work to the batch's and its project's clocks; the batch's state.
+
+    Rows are locked shard → batch → project share, in that order on every path.
+    """
+    status, expires_at, project_id, model = session.execute(
+        update(Batch)
+        .where(Batch.id == batch_id)
+        .values(work_done=Batch.work_done + work, vtime=Batch.vtime + work)
+        .returning(Batch.status, Batch.expires_at, Batch.project_id, Batch.model)
+        .execution_options(synchronize_session=False)
+    ).one()
+    if model is not None:
+        weight = select(Project.weight).where(Project.id == project_id).scalar_subquery()
+        session.execute(
+            update(ProjectShare)
+            .where(ProjectShare.project_id == project_id, ProjectShare.model == model)
+            .values(
+                work_done=ProjectShare.work_done + work,
+                vtime=ProjectShare.vtime + work / weight,
+            )
+        )
+    return status, expires_at
+
+
+# -- weights --
+
+
+def _project(session: Session, name_or_id: str) -> Project:
+    project = session.scalar(
+        select(Project).where(or_(Project.id == name_or_id, Project.name == name_or_id))
+    )
+    if project is None:
+        raise not_found("project", name_or_id)
+    return project
+
+
+def to_project_object(project: Project) -> ProjectObject:
+    return ProjectObject(
+        id=project.id, name=project.name, created_at=project.created_at, weight=project.weight
+    )
+
+
+def set_weight(session: Session, name_or_id: str, weight: float) -> ProjectObject:
+    """A project's fair-share weight (by id or name); its clock counts from now at the new rate."""
+    project = _project(session, name_or_id)
+    project.weight = weight
+    return to_project_object(project)
+
+
+# -- the planner --
+
+
+def _speeds(session: Session, now: float) -> dict[str, float]:
+    """Work per second each model's workers recorded over the last window."""
+    since = now - SPEED_WINDOW_SECONDS
+    rows = session.execute(
+        select(Batch.model, func.sum(ResultChunk.work), func.min(ResultChunk.created_at))
+        .join(Shard, Shard.id == ResultChunk.shard_id)
+        .join(Batch, Batch.id == Shard.batch_id)
+        .where(ResultChunk.created_at >= since)
+        .group_by(Batch.model)
+    ).all()
+    # Until a whole window has passed, over the time since the first chunk of it.
+    return {
+        model: float(work or 0) / max(now - first, 1.0)
+        for model, work, first in rows
+        if model is not None
+    }
+
+
+def _open_batches(session: Session) -> list[Any]:
+    done = func.sum(Shard.completed + Shard.failed).label("done")
+    return list(
+        session.execute(
+            select(
+                Batch.id,
+                Batch.project_id,
+                Project.weight,
+                Batch.seq,
+                Batch.model,
+                Batch.expires_at,
+                Batch.total,
+                Batch.work_done,
+                Batch.urgent_deadline,
+                Batch.expected_miss,
+                Batch.eta_start_at,
+                Batch.eta_finish_at,
+                done,
+                func.max(Shard.attempts).label("attempts"),
+            )
+            .join(Project, Project.id == Batch.project_id)
+            .join(Shard, Shard.batch_id == Batch.id)
+            .where(Batch.status == BatchStatus.IN_PROGRESS, Batch.model.is_not(None))
+            .group_by(Batch.seq, Project.weight)
+        ).all()
+    )
+
+
+def _demands(rows: Sequence[Any]) -> list[Demand]:
+    """Each batch's work left: requests left times its work per request (else its model's)."""
+    work = sum(r.work_done for r in rows)
+    done = sum(r.done or 0 for r in rows)
+    mean = work / done if done else 1.0
+    return [
+        Demand(
+            batch_id=r.id,
+            project_id=r.project_id,
+            weight=r.weight,
+            seq=r.seq,
+            expires_at=float(r.expires_at),
+            remaining_work=max(r.total - (r.done or 0), 0)
+            * (r.work_done / r.done if r.done else mean),
+            started=bool(r.attempts),
+            at_risk=r.urgent_deadline is not None,
+        )
+        for r in rows
+    ]
+
+
+def replan(session: Session, order: Order, now: float | None = None) -> list[Estimate]:
+    """One planner pass over every model: at-risk flags, ETAs, and their record."""
+    now = time.time() if now is None else now
+    speeds = _speeds(session, now)
+    by_model: dict[str, list[Any]] = defaultdict(list)
+    for row in _open_batches(session):
+        by_model[row.model].append(row)
+    estimates: list[Estimate] = []
+    for model, rows in by_model.items():
+        estimates += plan(_demands(rows), order, speeds.get(model, 0.0), now)
+    _store(session, estimates, {r.id: r for rows in by_model.values() for r in rows}, now)
+    return estimates
+
+
+def _changed(row: Any, e: Estimate) -> bool:
+    """Whether the stored estimate is off by more than the tolerance, or a flag changed."""
+    if (row.urgent_deadline is not None, row.expected_miss) != (e.at_risk, e.expected_miss):
+        return True
+    if row.eta_start_at is None or row.eta_finish_at is None:
+        return True
+    moved = max(abs(row.eta_start_at - e.start_at), abs(row.eta_finish_at - e.finish_at))
+    return moved > ETA_TOLERANCE_SECONDS
+
+
+def _store(
+    session: Session, estimates: Iterable[Estimate], rows: dict[str, Any], now: float
+) -> None:
+    estimates = list(estimates)
+    last = dict(
+        session.execute(
+            select(BatchEstimate.batch_id, func.max(BatchEstimate.done))
+            .where(BatchEstimate.batch_id.in_([e.batch_id for e in estimates]))
+            .group_by(BatchEstimate.batch_id)
+        ).all()
+    )
+    for e in sorted(estimates, key=lambda e: rows[e.batch_id].seq):
+        row = rows[e.batch_id]
+        if _changed(row, e):
+            session.execute(
+                update(Batch)
+                .where(Batch.id == e.batch_id, Batch.status == BatchStatus.IN_PROGRESS)
+                .values(
+                    eta_start_at=e.start_at,
+                    eta_finish_at=e.finish_at,
+                    eta_made_at=now,
+                    expected_miss=e.expected_miss,
+                    urgent_deadline=row.expires_at if e.at_risk else None,
+                )
+            )
+        done = int(row.done or 0)
+        previous = last.get(e.batch_id)
+        if previous is None or done - previous >= max(row.total / RECORD_STEPS, 1):
+            session.add(
+                BatchEstimate(
+                    batch_id=e.batch_id,
+                    made_at=now,
+                    done=done,
+                    total=row.total,
+                    start_at=e.start_at,
+                    finish_at=e.finish_at,
+                    expected_miss=e.expected_miss,
+                )
+            )
+
+
+# -- views --
+
+
+def _scheduled(batch: Batch, project_name: str, position: int | None) -> ScheduledBatchObject:
+    open_ = batch.status not in TERMINAL_BATCH_STATUSES and batch.status != BatchStatus.FINALIZING
+    return ScheduledBatchObject(
+        batch_id=batch.id,
+        project_id=batch.project_id,
+        project_name=project_name,
+        model=batch.model,
+        status=batch.status,
+        position=position if open_ else None,
+        at_risk=open_ and batch.urgent_deadline is not None,
+        expected_to_miss=open_ and batch.expected_miss,
+        expires_at=batch.expires_at,
+        estimated_start_at=batch.eta_start_at if open_ else None,
+        estimated_finish_at=batch.eta_finish_at if open_ else None,
+        estimated_at=batch.eta_made_at if open_ else None,
+    )
+
+
+def schedule_objects(session: Session, project_id: str | None = None) -> list[ScheduledBatchObject]:
+    """Open batches in the order the planner expects to serve them, per model."""
+    query = (
+        select(Batch, Project.name)
+        .join(Project, Project.id == Batch.project_id)
+        .where(Batch.status.in_((BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS)))
+    )
+    rows = session.execute(query).all()
+    ranked = sorted(
+        rows,
+        key=lambda r: (
+            r[0].model or "",
+            r[0].eta_start_at is None,
+            r[0].eta_start_at or 0,
+            r[0].seq,
+        ),
+    )
+    positions: dict[str | None, int] = defaultdict(int)
+    result = []
+    for batch, name in ranked:
+        positions[batch.model] += 1
+        if project_id is None or batch.project_id == project_id:
+            known = batch.eta_start_at is not None
+            result.append(_scheduled(batch, name, positions[batch.model] if known else None))
+    return result
+
+
+def scheduled_batch(
+    session: Session, batch_id: str, project_id: str | None
+) -> ScheduledBatchObject:
+    """One batch's place in the schedule; `project_id` None for an admin."""
+    found = next((s for s in schedule_objects(session) if s.batch_id == batch_id), None)
+    if found is not None and project_id in (None, found.project_id):
+        return found
+    row = session.execute(
+        select(Batch, Project.name)
+        .join(Project, Project.id == Batch.project_id)
+        .where(Batch.id == batch_id)
+    ).first()
+    if row is None or project_id not in (None, row[0].project_id):
+        raise not_found("batch", batch_id)
+    return _scheduled(row[0], row[1], None)

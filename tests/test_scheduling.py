@@ -1,0 +1,325 @@
+"""The schedule: which shard a worker claims next, the planner's ETAs and at-risk verdicts.
+
+The claim order is tested on the real claim statement against SQLite and PostgreSQL, with
+rows built as validation and checkpoints build them; the plan on a real worker with the
+scripted engine. The claim's PostgreSQL plan is checked at 100,000 shards.
+"""
+
+import time
+from collections.abc import Callable, Iterator
+
+import openai
+import orjson
+import pytest
+from sqlalchemy import Engine, select, text, update
+
+from app.cli import main
+from app.config import Settings
+from app.core.progress import Progress
+from app.core.schedule import Demand, Order, plan
+from app.core.states import BatchStatus
+from app.db.models import Batch, BatchEstimate, Project, ProjectShare, Shard
+from app.db.session import engine_for, session_scope, upgrade
+from app.services import schedule
+from app.services.auth import ensure_project
+from tests.batch_sim import store_input_file
+from tests.engine_fixtures import chat_line, jsonl, start_batch, wait_status, wait_until
+from tests.fake_engine import MODEL, FakeEngine, ThreadedWorker, fast
+from tests.harness import RunningServer, fresh_database, running_server
+from worker import claim
+
+LEASE = 30.0
+
+
+def _batch(
+    settings: Settings, project: str, shards: int, *, expires_in: int = 86400, model: str = MODEL
+) -> str:
+    """An `in_progress` batch of `shards` one-line shards, admitted as validation admits it."""
+    with session_scope(settings) as session:
+        project_id = ensure_project(session, project).id
+    file_id = store_input_file(settings, b"", project_id)
+    now = int(time.time())
+    with session_scope(settings) as session:
+        batch = Batch(
+            id=f"batch_{project}_{time.monotonic_ns()}",
+            project_id=project_id,
+            endpoint="/v1/chat/completions",
+            input_file_id=file_id,
+            model=model,
+            completion_window="24h",
+            status=BatchStatus.IN_PROGRESS,
+            created_at=now,
+            in_progress_at=now,
+            expires_at=now + expires_in,
+            total=shards,
+        )
+        session.add(batch)
+        session.flush()
+        schedule.admit(session, batch)
+        session.add_all(
+            Shard(
+                batch_id=batch.id, index=i, first_line=i + 1, line_count=1, byte_start=0, byte_end=0
+            )
+            for i in range(shards)
+        )
+        return batch.id
+
+
+def _claim_and_serve(
+    settings: Settings,
+    work: Callable[[str], int] = lambda _: 10,
+    order: Order = Order.FAIR,
+    model: str = MODEL,
+) -> str | None:
+    """Claims the next shard of `model` and checkpoints it done with `work(batch)` tokens."""
+    with session_scope(settings) as session:
+        lease = claim.claim_shard(session, "w", [model], LEASE, order)
+    if lease is None:
+        return None
+    with session_scope(settings) as session:
+        progress = Progress(completed=1, output_tokens=work(lease.batch_id))
+        assert claim.checkpoint(session, lease, progress=progress, done=True) is not None
+    return lease.batch_id
+
+
+@pytest.fixture
+def db(settings: Settings) -> Settings:
+    upgrade(settings.sqlalchemy_url)
+    return settings
+
+
+def test_fair_share_in_work_done(db: Settings) -> None:
+    # Each case on its own model: a worker of one model never sees the others' batches.
+    a = _batch(db, "alpha", 20)
+    assert [_claim_and_serve(db) for _ in range(3)] == [a, a, a]
+    b = _batch(db, "beta", 2)  # starts at alpha's clock: no head start, no backlog
+    assert [_claim_and_serve(db) for _ in range(6)] == [b, a, b, a, a, a]
+
+    def serve(model: str, n: int, work: Callable[[str], int] = lambda _: 10) -> list[str | None]:
+        return [_claim_and_serve(db, work, model=model) for _ in range(n)]
+
+    light, heavy = _batch(db, "light", 40, model="w"), _batch(db, "heavy", 40, model="w")
+    with session_scope(db) as session:
+        schedule.set_weight(session, "heavy", 3.0)
+    served = serve("w", 24)
+    assert served.count(heavy) == 18 and served.count(light) == 6
+    with session_scope(db) as session:
+        shares = session.execute(
+            select(Project.name, ProjectShare.work_done)
+            .join(Project, Project.id == ProjectShare.project_id)
+            .where(ProjectShare.model == "w")
+        ).all()
+    assert dict(shares) == {"light": 60, "heavy": 180}
+
+    # Work is tokens: requests three times the size get a third of the turns.
+    big, small = _batch(db, "big", 10, model="t"), _batch(db, "small", 10, model="t")
+    served = serve("t", 8, lambda batch: 30 if batch == big else 10)
+    assert served.count(big) == 2 and served.count(small) == 6
+
+    # Inside a project, batches share the same way, the older first on ties.
+    first, second = _batch(db, "solo", 5, model="s"), _batch(db, "solo", 5, model="s")
+    assert serve("s", 4) == [first, second, first, second]
+
+
+def test_at_risk_first_by_deadline_and_fifo_as_before(db: Settings) -> None:
+    calm = _batch(db, "calm", 5)
+    late, later = _batch(db, "rush", 3, expires_in=3600), _batch(db, "rush2", 3, expires_in=7200)
+    with session_scope(db) as session:
+        for batch_id in (later, late):
+            session.execute(
+                update(Batch).where(Batch.id == batch_id).values(urgent_deadline=Batch.expires_at)
+            )
+    assert [_claim_and_serve(db) for _ in range(7)] == [late] * 3 + [later] * 3 + [calm]
+
+    a, b = _batch(db, "alpha", 3, model="f"), _batch(db, "beta", 1, model="f")
+    served = [_claim_and_serve(db, order=Order.FIFO, model="f") for _ in range(5)]
+    assert served == [a, a, a, b, None]
+
+
+def test_plan_flags_what_fair_share_would_make_late() -> None:
+    def demand(name: str, project: str, work: float, expires: float, seq: int) -> Demand:
+        return Demand(name, project, 1.0, seq, expires, work, False, False)
+
+    now = 1000.0
+    big = demand("big", "a", 1000, now + 10_000, 1)
+    tight = demand("tight", "b", 100, now + 150, 2)  # fair share: 200 s, too late
+    hopeless = demand("hopeless", "c", 500, now + 120, 3)
+    estimates = {e.batch_id: e for e in plan([big, tight, hopeless], Order.FAIR, 1.0, now)}
+    assert estimates["tight"].at_risk and estimates["hopeless"].at_risk
+    assert not estimates["big"].at_risk
+    # EDF among those at risk: hopeless (deadline 120) first, tight after it, and late.
+    assert estimates["hopeless"].expected_miss and estimates["tight"].expected_miss
+    assert estimates["hopeless"].start_at == now
+    assert estimates["big"].finish_at == pytest.approx(now + 1600)
+    fair = {e.batch_id: e for e in plan([big, tight], Order.FAIR, 1.0, now)}
+    assert fair["tight"].at_risk and not fair["tight"].expected_miss
+    assert fair["tight"].finish_at == pytest.approx(now + 100)
+    fifo = {e.batch_id: e for e in plan([big, tight], Order.FIFO, 1.0, now)}
+    assert fifo["tight"].start_at == pytest.approx(now + 1000) and fifo["tight"].expected_miss
+
+
+# -- through the API, with a real worker (scripted engine) --
+
+ADMIN = "sk-admin-schedule-test"
+
+
+@pytest.fixture
+def server(settings: Settings) -> Iterator[RunningServer]:
+    tuned = fast(settings, admin_key=ADMIN, shard_lines=10, housekeeping_interval_seconds=0.2)
+    with running_server(tuned) as running:
+        yield running
+
+
+def _sdk(server: RunningServer, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.base_url, api_key=key, max_retries=0)
+
+
+def test_small_later_batch_of_another_project_finishes_first_with_estimates(
+    server: RunningServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    admin = _sdk(server, ADMIN)
+    keys = {
+        name: admin.post("/admin/api_keys", body={"project": name}, cast_to=dict)["value"]
+        for name in ("alpha", "beta")
+    }
+    alpha, beta = _sdk(server, keys["alpha"]), _sdk(server, keys["beta"])
+    cli = ["--base-url", server.base_url, "--api-key", ADMIN]
+    assert main(["projects", "weight", "beta", "2", *cli]) == 0
+    assert main(["projects", "list", "--json", *cli]) == 0
+    listed = {
+        p["name"]: p["weight"] for p in orjson.loads(capsys.readouterr().out.split("\n", 1)[1])
+    }
+    assert listed == {"alpha": 1.0, "beta": 2.0, "default": 1.0}
+
+    engine = FakeEngine(delay=0.05, max_num_seqs=4)
+    with ThreadedWorker(server.settings, engine, max_active_shards=2):
+        big = start_batch(alpha, jsonl([chat_line(f"a{i}") for i in range(300)]))
+        wait_until(
+            alpha, big, lambda b: b.request_counts is not None and b.request_counts.completed >= 20
+        )
+        small = start_batch(beta, jsonl([chat_line(f"b{i}") for i in range(10)]))
+        planned = wait_until(
+            alpha,
+            big,
+            lambda _: (
+                alpha.get(f"/batches/{big}/schedule", cast_to=dict)["estimated_finish_at"]
+                is not None
+            ),
+            timeout=30,
+        )
+        assert planned.status == "in_progress"
+        as_alpha = ["--base-url", server.base_url, "--api-key", keys["alpha"]]
+        assert main(["batches", "show", big, *as_alpha]) == 0
+        shown = capsys.readouterr().out
+        assert "estimated finish" in shown and "estimated start" in shown
+        done_small = wait_status(beta, small, "completed")
+        at_small_end = alpha.batches.retrieve(big)
+        assert at_small_end.status == "in_progress"
+        assert at_small_end.request_counts is not None
+        assert at_small_end.request_counts.completed < 200
+        done_big = wait_status(alpha, big, "completed", timeout=120)
+    assert done_small.completed_at is not None and done_big.completed_at is not None
+    assert done_small.completed_at <= done_big.completed_at
+    with pytest.raises(openai.NotFoundError):  # another project's batch
+        beta.get(f"/batches/{big}/schedule", cast_to=dict)
+    ended = alpha.get(f"/batches/{big}/schedule", cast_to=dict)
+    assert ended["estimated_finish_at"] is None and ended["position"] is None
+    with session_scope(server.settings) as session:
+        recorded = session.scalars(
+            select(BatchEstimate.done)
+            .where(BatchEstimate.batch_id == big)
+            .order_by(BatchEstimate.id)
+        ).all()
+    assert len(recorded) >= 3 and list(recorded) == sorted(recorded)
+
+
+# -- the claim's plan on PostgreSQL --
+
+
+def fill_queue(engine: Engine, batches: int, shards_per_batch: int, finished: int) -> None:
+    """`batches` running batches of pending shards from 5 projects, after `finished` done ones."""
+    now = int(time.time())
+    total = batches + finished
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO projects (id, name, created_at, weight) "
+                "SELECT 'proj_' || p, 'p' || p, :now, 1 FROM generate_series(1, 5) p"
+            ),
+            {"now": now},
+        )
+        conn.execute(
+            text(
+                "INSERT INTO files (id, project_id, filename, purpose, bytes, sha256, "
+                "storage_key, status, created_at) VALUES "
+                "('file-x', 'proj_1', 'in.jsonl', 'batch', 0, '', 'k', 'processed', :now)"
+            ),
+            {"now": now},
+        )
+        conn.execute(
+            text(
+                "INSERT INTO batches (id, project_id, endpoint, input_file_id, model, "
+                "completion_window, status, created_at, expires_at, total, completed, failed, "
+                "input_tokens, cached_tokens, output_tokens, reasoning_tokens, lease_epoch, "
+                "cancelled, expired, work_done, vtime, expected_miss) "
+                "SELECT 'batch_' || b, 'proj_' || (b % 5 + 1), '/v1/chat/completions', "
+                "'file-x', :model, '24h', CASE WHEN b <= :finished THEN 'completed' "
+                "ELSE 'in_progress' END, :now, :now + 86400, 1000000, "
+                "0, 0, 0, 0, 0, 0, 0, 0, 0, 0, b, false FROM generate_series(1, :total) b"
+            ),
+            {"now": now, "model": MODEL, "finished": finished, "total": total},
+        )
+        conn.execute(
+            text(
+                "INSERT INTO project_shares (project_id, model, vtime, work_done) "
+                "SELECT 'proj_' || p, :model, p, 0 FROM generate_series(1, 5) p"
+            ),
+            {"model": MODEL},
+        )
+        conn.execute(
+            text(
+                "INSERT INTO shards (batch_id, index, first_line, line_count, byte_start, "
+                "byte_end, status, lease_epoch, attempts, completed, failed, input_tokens, "
+                "cached_tokens, output_tokens, reasoning_tokens) "
+                "SELECT 'batch_' || (s / :per + 1 + :finished), s % :per, s % :per * 1000 + 1, "
+                "1000, 0, 0, 'pending', 0, 0, 0, 0, 0, 0, 0, 0 "
+                "FROM generate_series(0, :shards - 1) s"
+            ),
+            {"per": shards_per_batch, "finished": finished, "shards": batches * shards_per_batch},
+        )
+        conn.execute(text("ANALYZE"))
+
+
+@pytest.fixture(scope="module")
+def big_queue(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    """100,000 pending shards: 400 running batches of 250, after 20,000 finished batches."""
+    with fresh_database("postgresql", tmp_path_factory.mktemp("queue")) as url:
+        upgrade(url)
+        engine = engine_for(url)
+        fill_queue(engine, batches=400, shards_per_batch=250, finished=20_000)
+        yield engine
+        engine.dispose()
+
+
+@pytest.mark.parametrize("order", list(Order))
+def test_claim_plan_is_an_index_scan_at_100000_shards(big_queue: Engine, order: Order) -> None:
+    statement = claim.claim_statement("w", [MODEL], LEASE, order, time.time())
+    with big_queue.connect() as conn:
+        compiled = statement.compile(conn, compile_kwargs={"render_postcompile": True})
+        params = {k: str(v) if isinstance(v, str) else v for k, v in compiled.params.items()}
+        rows = conn.exec_driver_sql("EXPLAIN " + str(compiled), params).all()
+        plan_text = "\n".join(r[0] for r in rows)
+        conn.rollback()
+        started = time.perf_counter()
+        with conn.begin():
+            assert conn.execute(statement).scalar_one() is not None
+        took = time.perf_counter() - started
+    scans = [line for line in plan_text.splitlines() if "Scan" in line]
+    assert any("Index Scan using ix_shards_claim" in line for line in scans), plan_text
+    assert any("ix_batches_running" in line for line in scans), plan_text
+    assert not [
+        line
+        for line in scans
+        if "Seq Scan on shards" in line or ("on batches" in line and "Seq Scan" in line)
+    ], plan_text
+    print(f"claim at 100,000 shards ({order}): {took * 1000:.1f} ms")
