@@ -1,7 +1,7 @@
 """scheduling: project weights and fair-share clocks, deadlines at risk, ETAs and their record
 
-Revision ID: 0005_fairshare
-Revises: 0004
+Revision ID: 0007_fairshare
+Revises: 0006_dash_fleet
 Create Date: 2026-12-01 13:30:00
 """
 
@@ -10,8 +10,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0005_fairshare"
-down_revision: str | None = "0004"
+revision: str = "0007_fairshare"
+down_revision: str | None = "0006_dash_fleet"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
