@@ -234,6 +234,14 @@ class RunningBatch:
         counts = self.http.get(f"/v1/batches/{self.batch_id}").json()["request_counts"]
         return time.monotonic(), counts["completed"] + counts["failed"]
 
+    def wait_running(self, timeout: float = 300) -> None:
+        """Until the worker has finished its first lines (validated, claimed, running)."""
+        deadline = time.monotonic() + timeout
+        while self.completed()[1] == 0:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the batch did not start running")
+            time.sleep(0.5)
+
     def rate(self, seconds: float) -> float:
         """Lines per second the worker finishes over the next `seconds`."""
         t0, n0 = self.completed()
@@ -318,7 +326,7 @@ def bench_backend(
             idle = run_load(pool, target, server.pid, args.clients, args.procs, args.seconds)
             running = RunningBatch(server.url, target.key, batch)
             with fake_worker(root, env, args.delay):
-                time.sleep(5)  # the worker starts and claims
+                running.wait_running()
                 worker_alone = running.rate(args.seconds)
                 with uploads(server.url, target.key, big) as speeds:
                     time.sleep(1)
@@ -342,7 +350,8 @@ def report(name: str, results: dict[str, BackendResult]) -> None:
             (
                 "loaded",
                 r.loaded,
-                f"{r.worker_loaded:.0f} ({r.worker_loaded / r.worker_alone:.1%} of API idle); "
+                f"{r.worker_loaded:.0f} ({r.worker_loaded / max(r.worker_alone, 1e-9):.1%} "
+                "of API idle); "
                 f"{len(r.upload_speeds)} uploads of 200 MB, "
                 f"{statistics.median(r.upload_speeds) if r.upload_speeds else 0:.0f} MB/s",
             ),
