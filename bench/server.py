@@ -45,7 +45,7 @@ def api_server(
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 180  # a busy shared machine starts slowly
         while True:
             try:
                 if httpx.get(f"{url}/v1/files", timeout=1).status_code < 500:
