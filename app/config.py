@@ -57,6 +57,9 @@ class Settings(BaseSettings):
     # For MinIO and other S3-compatible stores.
     s3_endpoint_url: str | None = None
     admin_key: str | None = None
+    # A key's lookup is reused this long: a key revoked elsewhere (another replica, the CLI)
+    # is refused at most this many seconds later; revoked through this API process, at once.
+    auth_cache_seconds: float = 5.0
 
     max_file_bytes: int = 512 * MB
     max_batch_file_bytes: int = 200 * MB

@@ -22,6 +22,7 @@ from app.logging import AccessLogMiddleware
 from app.metrics import install_metrics
 from app.services.auth import DEFAULT_PROJECT, Access, ensure_project
 from app.services.housekeeping import housekeeping_loop
+from app.services.principal_cache import PrincipalCache
 
 log = logging.getLogger("overnight.api")
 
@@ -89,6 +90,7 @@ def create_app(settings: Settings | None = None, access: Access | None = None) -
         lifespan=lifespan,
     )
     app.state.settings = settings
+    app.state.principals = PrincipalCache(settings.auth_cache_seconds)
     install_openapi(app)
     install_error_handlers(app)
     for module in (files, uploads, batches, models, admin, webhooks):

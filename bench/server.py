@@ -25,19 +25,23 @@ class ApiServer:
 
 @contextmanager
 def api_server(
-    env: Mapping[str, str], log_path: Path | None = None, start_timeout: float = 60
+    env: Mapping[str, str],
+    log_path: Path | None = None,
+    start_timeout: float = 180,
+    root: Path = ROOT,
 ) -> Iterator[ApiServer]:
     """`python -m app.cli api` on a free loopback port, configured only by `env`.
 
     The caller's own `OVERNIGHT_*` variables are dropped, so `env` says everything.
+    `root` is the checkout to run (another one: to compare with an older version).
     """
     port = free_port()
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("OVERNIGHT_")}
-    full_env.update({"HF_HUB_OFFLINE": "1", **env})
+    full_env.update({"HF_HUB_OFFLINE": "1", "PYTHONPATH": str(root), **env})
     log = log_path.open("wb") if log_path else subprocess.DEVNULL
     proc = subprocess.Popen(
         [sys.executable, "-m", "app.cli", "api", "--port", str(port)],
-        cwd=ROOT,
+        cwd=root,
         env=full_env,
         stdout=log,
         stderr=log,

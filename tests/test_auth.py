@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -139,6 +140,9 @@ def revoke_every_key_in_the_database(settings: Settings) -> None:
 
 
 def test_a_server_started_with_keys_never_opens(settings: Settings) -> None:
+    # Keys revoked behind the API's back are refused at once without the principal cache
+    # (test_revoked_keys_are_refused_within_the_cache_ttl times it with the cache).
+    settings = settings.model_copy(update={"auth_cache_seconds": 0.0})
     upgrade(settings.sqlalchemy_url)
     with session_scope(settings) as session:
         admin_key, admin_secret = create_key(session, "ops", role="admin")
@@ -174,6 +178,40 @@ def test_a_server_started_open_closes_for_good_once_a_key_exists(server: Running
         revoke_every_key_in_the_database(server.settings)
         assert_error(http.get("/v1/files"), 401)
         assert http.get("/readyz").json()["access"] == "keys_required"
+
+
+def test_revoked_keys_are_refused_within_the_cache_ttl(settings: Settings) -> None:
+    ttl = 1.5
+    settings = settings.model_copy(update={"auth_cache_seconds": ttl})
+    upgrade(settings.sqlalchemy_url)
+    with session_scope(settings) as session:
+        _, admin_secret = create_key(session, "ops", role="admin")
+        member_key, member_secret = create_key(session, "team")
+        _, other_secret = create_key(session, "team")
+    admin = {"Authorization": f"Bearer {admin_secret}"}
+    member = {"Authorization": f"Bearer {member_secret}"}
+    other = {"Authorization": f"Bearer {other_secret}"}
+    with running_server(settings) as server, httpx.Client(base_url=server.url) as http:
+        assert http.get("/v1/files", headers=member).status_code == 200
+        assert http.get("/v1/files", headers=other).status_code == 200
+        # Revoked through this API process: refused from the next request on.
+        revoked = http.delete(f"/v1/admin/api_keys/{member_key.id}", headers=admin)
+        assert revoked.status_code == 200
+        assert_error(http.get("/v1/files", headers=member), 401)
+
+        # Revoked behind its back (another replica, the CLI on the database): the cached
+        # lookup still lets the key in, for at most `ttl` seconds from that lookup.
+        assert http.get("/v1/files", headers=other).status_code == 200
+        looked_up = time.monotonic()
+        revoke_every_key_in_the_database(settings)
+        assert http.get("/v1/files", headers=other).status_code == 200
+        while http.get("/v1/files", headers=other).status_code == 200:
+            assert time.monotonic() - looked_up < ttl + 0.5
+            time.sleep(0.05)
+        assert time.monotonic() - looked_up >= ttl - 0.5
+        # Nothing reopens the API: no key, a revoked key or a made-up one are all 401.
+        for headers in ({}, other, admin, {"Authorization": "Bearer sk-made-up"}):
+            assert_error(http.get("/v1/files", headers=headers), 401)
 
 
 def test_cli_keeps_the_last_admin_key(settings: Settings, tmp_path: Path) -> None:

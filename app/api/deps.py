@@ -1,19 +1,25 @@
-"""Dependencies the routes declare by type: settings, the unit of work, storage, caller."""
+"""Dependencies the routes declare by type: settings, the unit of work, storage, caller.
 
-from collections.abc import Iterator
+Every dependency is `async def`: FastAPI runs a plain `def` one on a worker thread, and a
+thread hop costs more than these functions do.
+"""
+
+from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import Depends, Header, Request
+from sqlalchemy.orm import Session, sessionmaker
 
 from app.api.unit_of_work import UnitOfWork
 from app.config import Settings
 from app.db.session import read_session_factory, session_factory
 from app.errors import OpenAIError
-from app.services.auth import Access, Principal, authenticate
+from app.services.auth import Access, Principal, bearer_token, key_principal, keyless_principal
+from app.services.principal_cache import PrincipalCache
 from app.storage import Storage, storage_of
 
 
-def get_settings(request: Request) -> Settings:
+async def get_settings(request: Request) -> Settings:
     settings: Settings = request.app.state.settings
     return settings
 
@@ -21,24 +27,29 @@ def get_settings(request: Request) -> Settings:
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 
 
-def get_unit_of_work(request: Request, settings: SettingsDep) -> Iterator[UnitOfWork]:
+def _sessions(request: Request, settings: Settings) -> sessionmaker[Session]:
     reads_only = request.method in ("GET", "HEAD")
     factory = read_session_factory if reads_only else session_factory
-    with factory(settings.sqlalchemy_url)(autobegin=False) as session:
+    return factory(settings.sqlalchemy_url)
+
+
+async def get_unit_of_work(request: Request, settings: SettingsDep) -> AsyncIterator[UnitOfWork]:
+    # No connection is taken before `run`: opening and closing the session here is cheap.
+    with _sessions(request, settings)(autobegin=False) as session:
         yield UnitOfWork(session)
 
 
 UnitOfWorkDep = Annotated[UnitOfWork, Depends(get_unit_of_work)]
 
 
-def get_storage(settings: SettingsDep) -> Storage:
+async def get_storage(settings: SettingsDep) -> Storage:
     return storage_of(settings)
 
 
 StorageDep = Annotated[Storage, Depends(get_storage)]
 
 
-def get_access(request: Request) -> Access:
+async def get_access(request: Request) -> Access:
     access: Access = request.app.state.access
     return access
 
@@ -46,20 +57,44 @@ def get_access(request: Request) -> Access:
 AccessDep = Annotated[Access, Depends(get_access)]
 
 
+async def get_principal_cache(request: Request) -> PrincipalCache:
+    cache: PrincipalCache = request.app.state.principals
+    return cache
+
+
+PrincipalCacheDep = Annotated[PrincipalCache, Depends(get_principal_cache)]
+
+
 async def get_principal(
-    uow: UnitOfWorkDep,
-    settings: SettingsDep,
-    access: AccessDep,
-    authorization: Annotated[str | None, Header()] = None,
+    request: Request, authorization: Annotated[str | None, Header()] = None
 ) -> Principal:
-    # Its own transaction: SQLite's write lock is not held into the route's work.
-    return await uow.run(authenticate, settings, access, authorization)
+    """The caller; a key seen in the last `auth_cache_seconds` costs no database read.
+
+    Reads the app's state itself rather than through other dependencies: this runs on
+    every request, and each dependency FastAPI solves costs more than the lookup.
+    """
+    state = request.app.state
+    token = bearer_token(authorization)
+    if token is not None:
+        principal = state.principals.get(token)
+        if principal is not None:
+            return principal
+    # Its own transactions: SQLite's write lock is not held into the route's work.
+    settings: Settings = state.settings
+    with _sessions(request, settings)(autobegin=False) as session:
+        uow = UnitOfWork(session)
+        if token is not None:
+            principal = await uow.run(key_principal, settings, token)
+            if principal is not None:
+                state.principals.put(token, principal)
+                return principal
+        return await uow.run(keyless_principal, settings, state.access, token)
 
 
 PrincipalDep = Annotated[Principal, Depends(get_principal)]
 
 
-def require_admin(principal: PrincipalDep) -> Principal:
+async def require_admin(principal: PrincipalDep) -> Principal:
     if not principal.is_admin:
         raise OpenAIError("This operation needs an admin key.", status_code=403)
     return principal

@@ -92,8 +92,9 @@ def cmd_revoke(args: argparse.Namespace) -> int:
         with session_scope(settings) as session:
             keys.revoke_key(session, args.key_id, admin_key_configured=bool(settings.admin_key))
     print(
-        f"{args.key_id} revoked: requests with it now get 401. A running API that required "
-        "keys still does.",
+        f"{args.key_id} revoked: requests with it now get 401 (an API process that did not "
+        "revoke it may let it in for up to its OVERNIGHT_AUTH_CACHE_SECONDS, 5 by default). "
+        "A running API that required keys still does.",
         file=sys.stdout,
     )
     return 0

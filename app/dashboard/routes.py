@@ -19,7 +19,7 @@ from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, FileSystemLoader
 
 from app.api.body import read_json
-from app.api.deps import AccessDep, SettingsDep, StorageDep, UnitOfWorkDep
+from app.api.deps import AccessDep, PrincipalCacheDep, SettingsDep, StorageDep, UnitOfWorkDep
 from app.api.routes.batches import run_retry
 from app.api.unit_of_work import UnitOfWork
 from app.core.states import BatchStatus
@@ -321,7 +321,12 @@ async def set_weight(
 
 @router.post("/api/keys/{key_id}/revoke")
 async def revoke_key(
-    key_id: str, _login: ApiLogin, uow: UnitOfWorkDep, settings: SettingsDep
+    key_id: str,
+    _login: ApiLogin,
+    uow: UnitOfWorkDep,
+    settings: SettingsDep,
+    principals: PrincipalCacheDep,
 ) -> dict[str, str]:
     key = await uow.run(keys.revoke_key, key_id, admin_key_configured=bool(settings.admin_key))
+    principals.clear()  # refused by this process from the next request on
     return {"id": key.id}

@@ -102,26 +102,29 @@ class Access:
         return "open" if self.is_open(session, settings) else "keys_required"
 
 
-def _bearer(authorization: str | None) -> str | None:
+def bearer_token(authorization: str | None) -> str | None:
     if not authorization:
         return None
     scheme, _, token = authorization.partition(" ")
     return token.strip() or None if scheme.lower() == "bearer" else None
 
 
-def authenticate(
-    session: Session, settings: Settings, access: Access, authorization: str | None
-) -> Principal:
-    token = _bearer(authorization)
-    if settings.admin_key and token and secrets.compare_digest(token, settings.admin_key):
+def key_principal(session: Session, settings: Settings, token: str) -> Principal | None:
+    """Who `token` is: the configured admin key or an unrevoked key; None for neither."""
+    if settings.admin_key and secrets.compare_digest(token, settings.admin_key):
         return Principal(ensure_project(session, DEFAULT_PROJECT).id, "admin")
-    key = None
-    if token is not None:
-        key = session.scalar(
-            select(ApiKey).where(ApiKey.key_hash == hash_key(token), ApiKey.revoked_at.is_(None))
+    key = session.execute(
+        select(ApiKey.project_id, ApiKey.role).where(
+            ApiKey.key_hash == hash_key(token), ApiKey.revoked_at.is_(None)
         )
-    if key is not None:
-        return Principal(key.project_id, key.role)
+    ).first()
+    return Principal(key.project_id, key.role) if key is not None else None
+
+
+def keyless_principal(
+    session: Session, settings: Settings, access: Access, token: str | None
+) -> Principal:
+    """A caller whose token is no key: the default project in open mode, else a 401."""
     if access.is_open(session, settings):
         # Open mode: any token (the SDK insists on sending one) is the default project.
         return Principal(ensure_project(session, DEFAULT_PROJECT).id, "admin")
@@ -137,3 +140,11 @@ def authenticate(
         status_code=401,
         code="invalid_api_key",
     )
+
+
+def authenticate(
+    session: Session, settings: Settings, access: Access, authorization: str | None
+) -> Principal:
+    token = bearer_token(authorization)
+    principal = key_principal(session, settings, token) if token is not None else None
+    return principal or keyless_principal(session, settings, access, token)

@@ -3,7 +3,7 @@
 import time
 from collections.abc import Iterable, Sequence
 
-from sqlalchemy import func, select, update
+from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.orm import Session
 
 from app.config import Settings
@@ -168,12 +168,21 @@ def cancel_any_batch(session: Session, batch_id: str) -> BatchObject:
     return cancel_batch(session, project_id, batch_id)
 
 
+# Built once: building a statement costs more than running it on a warm connection.
+_BATCH_BY_ID = (
+    select(Batch)
+    .where(Batch.id == bindparam("batch_id"), Batch.project_id == bindparam("project_id"))
+    .execution_options(populate_existing=True)
+)
+_LIVE_PROGRESS = (
+    select(Shard.batch_id, *(func.sum(getattr(Shard, name)) for name in PROGRESS_FIELDS))
+    .where(Shard.batch_id.in_(bindparam("batch_ids", expanding=True)))
+    .group_by(Shard.batch_id)
+)
+
+
 def _find(session: Session, project_id: str, batch_id: str) -> Batch:
-    batch = session.scalar(
-        select(Batch)
-        .where(Batch.id == batch_id, Batch.project_id == project_id)
-        .execution_options(populate_existing=True)
-    )
+    batch = session.scalar(_BATCH_BY_ID, {"batch_id": batch_id, "project_id": project_id})
     if batch is None:
         raise not_found("Batch", batch_id)
     return batch
@@ -191,11 +200,7 @@ def live_progress(session: Session, batch_ids: Iterable[str]) -> dict[str, Progr
     ids = list(batch_ids)
     if not ids:
         return {}
-    rows = session.execute(
-        select(Shard.batch_id, *(func.sum(getattr(Shard, name)) for name in PROGRESS_FIELDS))
-        .where(Shard.batch_id.in_(ids))
-        .group_by(Shard.batch_id)
-    ).all()
+    rows = session.execute(_LIVE_PROGRESS, {"batch_ids": ids}).all()
     return {row[0]: Progress(*(int(v or 0) for v in row[1:])) for row in rows}
 
 

@@ -7,7 +7,7 @@ Each `uow.run` is one committed transaction.
 from fastapi import APIRouter, Request
 
 from app.api.body import json_body_openapi, read_json
-from app.api.deps import AdminDep, SettingsDep, UnitOfWorkDep
+from app.api.deps import AdminDep, PrincipalCacheDep, SettingsDep, UnitOfWorkDep
 from app.schemas.admin import (
     ApiKeyObject,
     ApiKeyRevoked,
@@ -75,10 +75,15 @@ async def create_api_key(request: Request, _admin: AdminDep, uow: UnitOfWorkDep)
 
 @router.delete("/api_keys/{key_id}", operation_id="revokeApiKey")
 async def revoke_api_key(
-    key_id: str, _admin: AdminDep, uow: UnitOfWorkDep, settings: SettingsDep
+    key_id: str,
+    _admin: AdminDep,
+    uow: UnitOfWorkDep,
+    settings: SettingsDep,
+    principals: PrincipalCacheDep,
 ) -> ApiKeyRevoked:
     """Revoke a key at once; the last admin key is kept (409) unless OVERNIGHT_ADMIN_KEY is set."""
     key = await uow.run(keys.revoke_key, key_id, admin_key_configured=bool(settings.admin_key))
+    principals.clear()  # refused by this process from the next request on
     return ApiKeyRevoked(id=key.id)
 
 
