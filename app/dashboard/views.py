@@ -12,6 +12,7 @@ from typing import Any
 from app.core.states import CANCELLABLE_BATCH_STATUSES, TERMINAL_BATCH_STATUSES, BatchStatus
 from app.db.models import File, RegisteredWorker
 from app.services.monitoring import BatchView, WorkerView
+from app.services.online_usage import UsageRow
 
 Row = dict[str, Any]
 DASH = "—"
@@ -156,6 +157,16 @@ def worker_row(view: WorkerView) -> Row:
         "tokens_per_second": f"{w.tokens_per_second:.1f}",
         "started": fmt_time(w.started_at),
         "uptime": fmt_duration((w.stopped_at or time.time()) - w.started_at),
+    }
+
+
+def online_row(usage: UsageRow) -> Row:
+    return {
+        "project": usage.project,
+        "model": usage.model,
+        "requests": f"{usage.requests:,}",
+        "input_tokens": f"{usage.input_tokens:,}",
+        "output_tokens": f"{usage.output_tokens:,}",
     }
 
 
