@@ -202,12 +202,15 @@ def main() -> None:
         alone = load.finish()
         rows.append(f"| (a) online alone | {alone.cells()} | | |")
         alone_rate = batch_rate(api_port, source, args.requests, worker)
-        rows.append(f"| (c) batch alone, online port on | | | | | | {alone_rate:.1f} | "
-                    f"{alone_rate / raw.rate:.3f} |")
+        rows.append(
+            f"| (c) batch alone, online port on | | | | | | {alone_rate:.1f} | "
+            f"{alone_rate / raw.rate:.3f} |"
+        )
         for i, window in enumerate(busy):
             if i:
                 worker.stop()
-                worker = Worker(model_dir, data, f"w{window}", ["--online-busy-window", str(window)])
+                flags = ["--online-busy-window", str(window)]
+                worker = Worker(model_dir, data, f"w{window}", flags)
             load = OnlineLoad(worker.url, args.rate).start()
             rate = batch_rate(api_port, source, args.requests, worker)
             both = load.finish()
@@ -233,8 +236,10 @@ def main() -> None:
         f"{args.rate}/s, streamed, max_tokens {ONLINE_MAX_TOKENS}; raw LLM.chat "
         f"{raw.rate:.1f} tok/s\n"
     )
-    print("| run | online requests | TTFT p50 s | TTFT p99 s | latency p50 s | latency p99 s "
-          "| batch tok/s | vs LLM.chat |")
+    print(
+        "| run | online requests | TTFT p50 s | TTFT p99 s | latency p50 s | latency p99 s "
+        "| batch tok/s | vs LLM.chat |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
 

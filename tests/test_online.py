@@ -163,7 +163,8 @@ def test_online_answers_as_vllm_while_a_batch_runs(online: Online) -> None:
         f"{online.url}/v1/models", headers={"Authorization": f"Bearer {online.keys['alpha']}"}
     ).json()
     assert [m["id"] for m in models["data"]] == [MODEL]
-    completion = online.post("/v1/completions", {"model": MODEL, "prompt": "1, 2, 3,", "max_tokens": 4})
+    prompt = {"model": MODEL, "prompt": "1, 2, 3,", "max_tokens": 4}
+    completion = online.post("/v1/completions", prompt)
     assert completion.status_code == 200 and completion.json()["object"] == "text_completion"
     response = online.post("/v1/responses", {"model": MODEL, "input": "Hi", "max_output_tokens": 8})
     assert response.status_code == 200 and response.json()["object"] == "response"
@@ -237,15 +238,14 @@ def test_each_key_counts_for_its_own_project(online: Online) -> None:
     before = usage()
     denied = httpx.post(f"{online.url}/v1/chat/completions", json=chat_body(CHATS[0]))
     assert denied.status_code == 401 and "error" in denied.json()
-    wrong = online.post("/v1/chat/completions", chat_body(CHATS[0]), project="default")
-    assert wrong.status_code == 200  # a control: the admin key works
+    admin = online.post("/v1/chat/completions", chat_body(CHATS[0]), project="default")
+    assert admin.status_code == 200  # a control: the admin key works
     headers = {"Authorization": "Bearer sk-ovn-not-a-key"}
-    forged = httpx.post(f"{online.url}/v1/chat/completions", json=chat_body(CHATS[0]), headers=headers)
+    url = f"{online.url}/v1/chat/completions"
+    forged = httpx.post(url, json=chat_body(CHATS[0]), headers=headers)
     assert forged.status_code == 401 and forged.json()["error"]["code"] == "invalid_api_key"
     answer = online.post("/v1/chat/completions", chat_body(CHATS[1]), project="beta").json()
-    wait_until(
-        lambda: usage().get("beta") != before.get("beta"), 10, "beta's usage to be recorded"
-    )
+    wait_until(lambda: usage().get("beta") != before.get("beta"), 10, "beta's usage to be recorded")
     after = usage()
     beta, was = after["beta"], before.get("beta")
     assert beta.requests - (was.requests if was else 0) == 1
@@ -266,9 +266,7 @@ def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None
         time.sleep(0.05)
 
 
-def test_sigkill_with_online_and_batch_traffic_loses_nothing(
-    online: Online, smollm2: Path
-) -> None:
+def test_sigkill_with_online_and_batch_traffic_loses_nothing(online: Online, smollm2: Path) -> None:
     old = online.worker
     n = 40
     stop = threading.Event()
