@@ -116,7 +116,7 @@ def online(smollm2: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         port = free_port()
         flags = ["--max-num-seqs", str(MAX_NUM_SEQS), "--online-port", str(port)]
         worker = running.start_worker("online-1", [*smollm2_args(smollm2), *flags])
-        worker.wait_ready()
+        worker.wait_ready(timeout=900)
         yield Online(running, worker, f"http://127.0.0.1:{port}", keys, answers)
     if process.poll() is None:
         process.kill()
@@ -254,9 +254,8 @@ def test_each_key_counts_for_its_own_project(online: Online) -> None:
     assert beta.output_tokens - (was.output_tokens if was else 0) == made
     assert after.get("alpha") == before.get("alpha"), "alpha was charged for beta's request"
     metrics = httpx.get(f"{online.deployment.server.url}/metrics").text
-    assert f'overnight_online_requests_total{{model="{MODEL}",project="beta"}} {beta.requests}' in (
-        metrics
-    )
+    series = f'overnight_online_requests_total{{project="beta",model="{MODEL}"}}'
+    assert f"{series} {float(beta.requests)}\n" in metrics
 
 
 def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
@@ -280,8 +279,8 @@ def test_sigkill_with_online_and_batch_traffic_loses_nothing(online: Online, smo
                         model=MODEL, messages=CHATS[0]["messages"], max_tokens=16, stream=True
                     )
                     answered.append(sum(1 for _ in stream))
-                except openai.APIError:
-                    return  # the worker is gone
+                except Exception:
+                    return  # the worker is gone (mid-stream or at connect)
 
     with online.batches() as client:
         batch_id = start_batch(client, batch_lines("k", n, 24))
@@ -300,7 +299,7 @@ def test_sigkill_with_online_and_batch_traffic_loses_nothing(online: Online, smo
         before = persisted(online.deployment.settings, batch_id)
         assert 8 <= len(before) < n
         new = online.deployment.start_worker("online-2", smollm2_args(smollm2))
-        batch = wait_status(client, batch_id, "completed", timeout=300)
+        batch = wait_status(client, batch_id, "completed", timeout=900)
         by_id = results(client, batch)
     assert set(by_id) == {f"k{i}" for i in range(n)}
     assert all(v["error"] is None for v in by_id.values())
