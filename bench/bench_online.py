@@ -1,7 +1,7 @@
 """Online and batch on one engine: online latency beside a batch, and the batch's throughput.
 
     .venv/bin/python bench/bench_online.py [--requests 512] [--rate 1.0] [--alone-seconds 30]
-        [--busy-windows 32,4]
+        [--busy-windows 32,4] [--model-dir DIR]
 
 One `overnight api` and, in turn, `overnight worker --online-port` in these settings (the
 bundled SmolLM2, bench_worker's engine flags and input):
@@ -134,6 +134,14 @@ class OnlineLoad:
         return self.result
 
 
+class Rows(list[str]):
+    """The table's rows, each also printed as soon as it is measured."""
+
+    def append(self, row: str) -> None:
+        print(row, flush=True)
+        super().append(row)
+
+
 class Worker:
     """`overnight worker --online-port` on the API's data directory."""
 
@@ -171,12 +179,13 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=1.0, help="online requests per second")
     parser.add_argument("--alone-seconds", type=float, default=30.0)
     parser.add_argument("--busy-windows", default="32,4")
+    parser.add_argument("--model-dir", type=Path, help="an already converted SmolLM2 folder")
     args = parser.parse_args()
 
     from worker.models import ensure_converted
 
     work = Path(tempfile.mkdtemp(prefix="overnight-bench-online-"))
-    model_dir = ensure_converted(work)
+    model_dir = args.model_dir or ensure_converted(work)
     messages = chats(args.requests, repetitive=False)
     source = input_file(messages, args.max_tokens, work / "batch.jsonl")
     raw = run_raw(model_dir, messages, args.max_tokens, work, "auto")
@@ -193,7 +202,7 @@ def main() -> None:
         stderr=subprocess.DEVNULL,
         cwd=REPO,
     )
-    rows: list[str] = []
+    rows = Rows()
     try:
         busy = [int(b) for b in args.busy_windows.split(",")]
         worker = Worker(model_dir, data, "w-first", ["--online-busy-window", str(busy[0])])
