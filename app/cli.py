@@ -123,7 +123,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if unknown := [m for m in models if m not in served]:
         raise SystemExit(f"overnight: not a served model: {', '.join(unknown)} (served: {served})")
     configure_logging(settings.log_level, settings.log_format)
-    return serve(settings, models, open_mode=access.started_open)
+    online = args.online_port if args.online else None
+    return serve(settings, models, open_mode=access.started_open, online_port=online)
 
 
 def _listen(parser: argparse.ArgumentParser) -> None:
@@ -150,6 +151,18 @@ def build_parser() -> argparse.ArgumentParser:
     _listen(p)
     p.add_argument("--models", help="comma-separated served models to start workers for")
     p.add_argument("--no-workers", action="store_true", help="the API only, workers run elsewhere")
+    p.add_argument(
+        "--online",
+        action="store_true",
+        help="each worker also serves vLLM's OpenAI API for its model, on its own port "
+        "(--online-port, then the next ones), with the same API keys; batches give way to it",
+    )
+    p.add_argument(
+        "--online-port",
+        type=int,
+        default=8001,
+        help="the first worker's online port with --online (default: 8001)",
+    )
     _common(p)
     p.set_defaults(func=cmd_serve)
     p = sub.add_parser("api", help="run the HTTP API only")

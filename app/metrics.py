@@ -31,7 +31,7 @@ from app.core.states import BatchStatus
 from app.db.session import session_scope
 from app.logging import ResponseWatch
 from app.schemas.admin import WorkerState
-from app.services import monitoring
+from app.services import monitoring, online_usage
 from app.version import overnight_version
 
 
@@ -49,6 +49,7 @@ class DatabaseCollector(Collector):
             running = monitoring.running_batches(session)
             durations = monitoring.batch_durations(session)
             waits = monitoring.queue_waits(session)
+            online = online_usage.totals(session)
         batches = GaugeMetricFamily("overnight_batches", "Batches by status.", labels=["status"])
         for status in BatchStatus:
             batches.add_metric([status], totals.batches_by_status.get(status, 0))
@@ -71,6 +72,27 @@ class DatabaseCollector(Collector):
         )
         yield from _worker_metrics(workers)
         yield _throughput_metric(running)
+        yield from _online_metrics(online)
+
+
+def _online_metrics(rows: list[online_usage.UsageRow]) -> Iterator[Metric]:
+    labels = ["project", "model"]
+    requests = CounterMetricFamily(
+        "overnight_online_requests",
+        "Engine requests of workers' online APIs, by the caller's project.",
+        labels=labels,
+    )
+    tokens = CounterMetricFamily(
+        "overnight_online_tokens",
+        "Tokens of workers' online APIs, by the caller's project.",
+        labels=["kind", *labels],
+    )
+    for row in rows:
+        requests.add_metric([row.project, row.model], row.requests)
+        tokens.add_metric(["prompt", row.project, row.model], row.input_tokens)
+        tokens.add_metric(["generated", row.project, row.model], row.output_tokens)
+        tokens.add_metric(["cached", row.project, row.model], row.cached_tokens)
+    yield from (requests, tokens)
 
 
 def _done_metrics(totals: monitoring.Totals) -> Iterator[Metric]:

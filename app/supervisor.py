@@ -155,7 +155,14 @@ def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "app.cli", *args]
 
 
-def children_for(settings: Settings, models: Sequence[str]) -> list[Child]:
+def online_ports(models: Sequence[str], first: int | None) -> dict[str, int]:
+    """`serve --online`: each worker serves its model's online API on the next port."""
+    return {} if first is None else {model: first + i for i, model in enumerate(models)}
+
+
+def children_for(
+    settings: Settings, models: Sequence[str], online: dict[str, int] | None = None
+) -> list[Child]:
     """The API and one worker per model, all on the same settings."""
     data_dir = str(Path(settings.data_dir).resolve())
     env = {
@@ -173,10 +180,19 @@ def children_for(settings: Settings, models: Sequence[str]) -> list[Child]:
         env,
     )
     workers = [
-        Child(f"worker {name}", _cli("worker", "--model", name, "--data-dir", data_dir), env)
+        Child(
+            f"worker {name}",
+            _cli("worker", "--model", name, "--data-dir", data_dir, *_online_args(settings, port)),
+            env,
+        )
         for name in models
+        for port in [(online or {}).get(name)]
     ]
     return [api, *workers]
+
+
+def _online_args(settings: Settings, port: int | None) -> list[str]:
+    return [] if port is None else ["--online-port", str(port), "--online-host", settings.host]
 
 
 def public_url(settings: Settings) -> str:
@@ -219,17 +235,24 @@ def wait_until_ready(
     raise RuntimeError(f"the API did not become ready within {timeout:.0f} s")
 
 
-def banner(url: str, models: Sequence[str], open_mode: bool) -> str:
+def banner(
+    url: str, models: Sequence[str], open_mode: bool, online: dict[str, int] | None = None
+) -> str:
     key = '"anything")  # no keys are configured' if open_mode else 'os.environ["OPENAI_API_KEY"])'
     workers = ", ".join(models) if models else "none (--no-workers)"
     access = "open: no API keys (loopback only)" if open_mode else "API keys required"
+    base = url.rsplit(":", 1)[0]
+    lines = "".join(
+        f"  Online     {base}:{port}/v1 ({model}: chat, completions, responses, embeddings …)\n"
+        for model, port in (online or {}).items()
+    )
     return f"""
 overnight {overnight_version()} is running
   API        {url}/v1
   Access     {access}
   Dashboard  {url}/dashboard
   Workers    {workers} (loading; see {url}/dashboard/workers)
-
+{lines}
 Try it with the OpenAI SDK:
 
   import os
@@ -245,9 +268,12 @@ Press Ctrl-C to stop.
 """
 
 
-def serve(settings: Settings, models: Sequence[str], open_mode: bool) -> int:
+def serve(
+    settings: Settings, models: Sequence[str], open_mode: bool, online_port: int | None = None
+) -> int:
     """Runs the service until Ctrl-C or SIGTERM; returns the exit code."""
-    children = children_for(settings, models)
+    online = online_ports(models, online_port)
+    children = children_for(settings, models, online)
     supervisor = Supervisor(children)
     supervisor.handle_signals()
     url = public_url(settings)
@@ -257,7 +283,7 @@ def serve(settings: Settings, models: Sequence[str], open_mode: bool) -> int:
     def announce() -> None:
         try:
             if wait_until_ready(url, children[0], supervisor.stopping):
-                print(banner(url, models, open_mode), flush=True)
+                print(banner(url, models, open_mode, online), flush=True)
                 while models and not supervisor.stopping.wait(1.0):
                     if line := ready_line(settings, models, started):
                         log.info("%s", line)

@@ -172,3 +172,19 @@ def test_ready_line_waits_for_a_fresh_worker_of_each_model(settings: Settings) -
         registry.register(session, "w-embed", "embed-model")
     line = ready_line(settings, ["chat-model", "embed-model"], since)
     assert line == "ready: 2 workers serving chat-model, embed-model"
+
+
+def test_serve_online_gives_each_worker_its_own_online_port(tmp_path: Path) -> None:
+    from app.supervisor import banner, children_for, online_ports
+
+    settings = Settings(data_dir=tmp_path, _env_file=None)  # type: ignore[call-arg]
+    models = ["SmolLM2-135M-Instruct", "all-MiniLM-L6-v2"]
+    online = online_ports(models, 8001)
+    assert online == {"SmolLM2-135M-Instruct": 8001, "all-MiniLM-L6-v2": 8002}
+    _api, *workers = children_for(settings, models, online)
+    for worker, port in zip(workers, (8001, 8002), strict=True):
+        flag = worker.argv.index("--online-port")
+        assert worker.argv[flag + 1 : flag + 4] == [str(port), "--online-host", "127.0.0.1"]
+    assert all("--online-port" not in w.argv for w in children_for(settings, models)[1:])
+    text = banner("http://127.0.0.1:8000", models, True, online)
+    assert "Online     http://127.0.0.1:8002/v1 (all-MiniLM-L6-v2" in text

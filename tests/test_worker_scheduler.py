@@ -159,3 +159,61 @@ def test_engine_failure_reaches_every_sink() -> None:
 
     sink = asyncio.run(scenario())
     assert sink.failures and sink.results == []
+
+
+def test_preempted_requests_run_again_once_each() -> None:
+    async def scenario() -> tuple[FakeEngine, Collector, int, int]:
+        engine = FakeEngine(delay=0.2)
+        scheduler = Scheduler(engine, window=6, lookahead=20)
+        sink = Collector()
+        for i in range(12):
+            await scheduler.submit(job(sink, i, chat(f"q{i}", temperature=0)))
+        await asyncio.sleep(0.05)
+        preempted = await scheduler.resize(2)
+        in_flight = scheduler.in_flight
+        await asyncio.sleep(0.05)
+        await scheduler.resize(6)
+        await drain(scheduler, sink, 12)
+        await asyncio.sleep(0.3)  # nothing more may arrive
+        return engine, sink, preempted, in_flight
+
+    engine, sink, preempted, in_flight = asyncio.run(scenario())
+    assert preempted == 4 and in_flight == 2
+    assert sorted(j.line for j, _, _ in sink.results) == list(range(12))
+    # The newest four were aborted in the engine, then sent again under new request ids.
+    assert len(engine.aborted) == 4 and len(engine.calls) == 16
+    again = [rid for _, _, rid in engine.calls[6:10]]
+    assert not set(again) & set(engine.aborted)
+    assert {j.line for j, _, _ in sink.results[:2]} == {0, 1}
+
+
+def test_the_batch_window_follows_online_traffic() -> None:
+    from worker.backoff import BackoffPolicy, follow_online_traffic, target_window
+    from worker.traffic import OnlineTraffic, OnlineUsage
+
+    policy = BackoffPolicy(busy_window=2, quiet_seconds=0.1)
+    assert target_window(policy, 8, active=1, quiet_for=5) == 2
+    assert target_window(policy, 8, active=0, quiet_for=0.05) == 2
+    assert target_window(policy, 8, active=0, quiet_for=0.2) == 8
+
+    async def scenario() -> list[int]:
+        traffic = OnlineTraffic()
+        scheduler = Scheduler(FakeEngine(delay=0.01), window=8)
+        follower = asyncio.create_task(follow_online_traffic(traffic, scheduler, policy))
+        seen = []
+        await asyncio.sleep(0.02)
+        seen.append(scheduler.window)
+        traffic.arrived()
+        await asyncio.sleep(0.02)
+        seen.append(scheduler.window)
+        traffic.started()
+        traffic.left("proj_a", True, OnlineUsage(requests=1, output_tokens=3))
+        await asyncio.sleep(0.05)
+        seen.append(scheduler.window)  # still within the quiet period
+        await asyncio.sleep(0.15)
+        seen.append(scheduler.window)
+        follower.cancel()
+        assert traffic.take_usage() == {"proj_a": OnlineUsage(requests=1, output_tokens=3)}
+        return seen
+
+    assert asyncio.run(scenario()) == [8, 2, 2, 8]

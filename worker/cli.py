@@ -10,6 +10,7 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from app.config import Settings
 from worker.models import (
@@ -22,7 +23,11 @@ from worker.models import (
     unavailable,
 )
 
+if TYPE_CHECKING:
+    from worker.backoff import BackoffPolicy
+
 DEFAULT_MODEL = "bundled:smollm2"
+BUSY_WINDOW_DIVISOR = 8
 log = logging.getLogger("overnight.worker")
 
 VLLM_HELP = (
@@ -74,6 +79,36 @@ def own_parser() -> argparse.ArgumentParser:
         "--health-file",
         help="keep the worker's state here as JSON (starting, waiting_for_database, ready, "
         "draining, stopped) for a supervisor's probe",
+    )
+    online = parser.add_argument_group(
+        "online API",
+        "vLLM's OpenAI API for the worker's model, from the engine that runs the batches",
+    )
+    online.add_argument(
+        "--online-port",
+        type=int,
+        help="serve vLLM's OpenAI routes on this port (default: off); batch requests then run "
+        "at a lower priority (--scheduling-policy priority unless set) and back off while "
+        "online requests are in the engine",
+    )
+    online.add_argument(
+        "--online-host",
+        default="127.0.0.1",
+        help="the online API's address (default: 127.0.0.1); anything but loopback needs API keys",
+    )
+    online.add_argument(
+        "--online-busy-window",
+        type=int,
+        help="batch requests kept in flight while online requests wait or run "
+        f"(default: --max-num-seqs / {BUSY_WINDOW_DIVISOR}); the newest beyond it are preempted "
+        "and run again later",
+    )
+    online.add_argument(
+        "--online-quiet-seconds",
+        type=float,
+        default=1.0,
+        help="the full batch window returns after online traffic has been quiet this long "
+        "(default: 1.0)",
     )
     parser.add_argument(
         "--enable-log-stats",
@@ -143,14 +178,23 @@ def parse(argv: Sequence[str] | None, settings: Settings) -> tuple[argparse.Name
     # Before vLLM (and with it huggingface_hub, which reads the variable once) is imported.
     stay_offline_for(source_of(ours.model, settings.models))
     args = vllm_parser().parse_args(rest)
+    if ours.online_port is not None and not _given(rest, "--scheduling-policy"):
+        # Online requests first: vLLM's scheduler admits lower priority values first.
+        args.scheduling_policy = "priority"
     vars(args).update(vars(ours))
     # Per-step statistics cost throughput and are off in vLLM's offline runner too.
     args.disable_log_stats = args.disable_log_stats or not ours.enable_log_stats
     return prepare_args(args, settings), settings
 
 
+def _given(argv: Sequence[str], flag: str) -> bool:
+    """Whether vLLM's flag is on the command line (vLLM also takes it with underscores)."""
+    spellings = (flag, flag.replace("_", "-"), "--" + flag[2:].replace("-", "_"))
+    return any(arg.split("=", 1)[0] in spellings for arg in argv)
+
+
 async def serve(args: argparse.Namespace, settings: Settings) -> int:
-    """Start the engine, then work until SIGTERM/SIGINT."""
+    """Start the engine (and the online API, if asked), then work until SIGTERM/SIGINT."""
     import asyncio
 
     from worker.engine import start_engine
@@ -163,9 +207,10 @@ async def serve(args: argparse.Namespace, settings: Settings) -> int:
     worker_id = args.worker_id or new_worker_id()
     health = Health(worker_id, args.health_file)
     model = (args.served_model_name or [args.model])[0]
+    online = _online_socket(args, settings)
     beat = LoadingBeat(settings, worker_id, model, every=settings.lease_seconds / 3)
     with beat:
-        async with start_engine(args) as engine:
+        async with start_engine(args, online=online is not None) as engine:
             beat.ready()
             options = WorkerOptions(
                 worker_id=worker_id,
@@ -173,9 +218,47 @@ async def serve(args: argparse.Namespace, settings: Settings) -> int:
                 dedup=args.dedup,
                 prefix_grouping=args.prefix_grouping,
                 submission_log=args.submission_log,
+                backoff=_backoff(args, engine) if online is not None else None,
             )
             log.info("worker %s serving %s", options.worker_id, ", ".join(engine.served_names))
-            return await work(settings, engine, options, health, stop)
+            if online is None:
+                return await work(settings, engine, options, health, stop)
+            server = _online_server(engine, settings, *online)
+            server.start()
+            try:
+                return await work(settings, engine, options, health, stop)
+            finally:
+                await server.stop()
+
+
+def _backoff(args: argparse.Namespace, engine: Any) -> "BackoffPolicy":
+    """How far the batch window shrinks while online requests are in the engine."""
+    from worker.backoff import BackoffPolicy
+
+    busy = args.online_busy_window
+    if busy is None:
+        busy = engine.max_num_seqs // BUSY_WINDOW_DIVISOR
+    return BackoffPolicy(busy, args.online_quiet_seconds)
+
+
+def _online_socket(args: argparse.Namespace, settings: Settings) -> "tuple[Any, Any] | None":
+    """The online API's access decision and bound socket, or None when it is off."""
+    if args.online_port is None:
+        return None
+    from app.cli import check_bind_safety
+    from app.db.session import upgrade
+    from worker.online import bind
+
+    # Open mode is decided as the API decides it: loopback only without keys.
+    upgrade(settings.sqlalchemy_url)
+    access = check_bind_safety(settings.model_copy(update={"host": args.online_host}))
+    return access, bind(args.online_host, args.online_port)
+
+
+def _online_server(engine: Any, settings: Settings, access: Any, sock: Any) -> Any:
+    from worker.online import OnlineServer
+
+    return OnlineServer(engine.app, engine.traffic, settings, access, sock, engine.served_names[0])
 
 
 def main(argv: Sequence[str] | None = None, settings: Settings | None = None) -> int:

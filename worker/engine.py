@@ -7,7 +7,7 @@ would answer. Everything else in the worker sees only `Engine`.
 
 from argparse import Namespace
 from collections.abc import AsyncIterator, Callable, Iterable
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, Protocol
@@ -27,6 +27,12 @@ from app.endpoints import (
     TRANSLATIONS,
     canonical,
 )
+from worker.traffic import ONLINE_PROJECT, OnlineTraffic, OnlineUsage
+
+# Under `--scheduling-policy priority` batch requests run after every online request (vLLM
+# runs lower values first; online requests default to 0). A batch line's own positive
+# priority still orders it among batch requests.
+BATCH_PRIORITY = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -157,14 +163,26 @@ class VllmEngine:
     scoring (score and rerank), transcription and translation."""
 
     def __init__(
-        self, engine_client: Any, state: Any, args: Namespace, served_names: list[str]
+        self,
+        engine_client: Any,
+        state: Any,
+        args: Namespace,
+        served_names: list[str],
+        app: Any = None,
     ) -> None:
         from vllm.entrypoints.serve.engine.protocol import ErrorResponse
         from vllm.v1.engine.exceptions import EngineDeadError as VllmEngineDead
 
         self.client = engine_client
         self.served_names = served_names
-        self.max_num_seqs = int(engine_client.vllm_config.scheduler_config.max_num_seqs)
+        scheduler = engine_client.vllm_config.scheduler_config
+        self.max_num_seqs = int(scheduler.max_num_seqs)
+        self.batch_priority = BATCH_PRIORITY if str(scheduler.policy) == "priority" else None
+        # vLLM's own OpenAI app on these serving objects, when the worker serves online too.
+        self.app = app
+        self.traffic = OnlineTraffic() if app is not None else None
+        if self.traffic is not None:
+            _observe_online(engine_client, self.traffic)
         self._running: dict[str, str] = {}
         self._error_type = ErrorResponse
         self._dead_type = VllmEngineDead
@@ -189,9 +207,12 @@ class VllmEngine:
             request = route.validate(body)
         except Exception as exc:
             return error_result(400, _validation_message(exc), _validation_param(exc))
-        if "request_id" in type(request).model_fields:
+        fields = type(request).model_fields
+        if "request_id" in fields:
             request.request_id = route.request_id.format(request_id)
             self._running[request_id] = route.engine_id.format(request_id)
+        if self.batch_priority is not None and "priority" in fields:
+            request.priority = self.batch_priority + max(int(request.priority or 0), 0)
         try:
             response = await route.serve(request)
         except self._dead_type as exc:
@@ -219,6 +240,63 @@ class VllmEngine:
         ids = [self._running[r] for r in request_ids if r in self._running]
         if ids:
             await self.client.abort(ids)
+
+
+def _observe_online(client: Any, traffic: OnlineTraffic) -> None:
+    """Report the engine requests of online callers (marked by ONLINE_PROJECT) to `traffic`.
+
+    The serving objects call `generate` and `encode` for batch and online requests alike;
+    a batch request gets vLLM's own stream back untouched.
+    """
+    from vllm.sampling_params import RequestOutputKind
+
+    for name in ("generate", "encode"):
+        call = getattr(client, name)
+        setattr(client, name, _observed(call, traffic, RequestOutputKind.DELTA))
+
+
+def _observed(call: Callable[..., Any], traffic: OnlineTraffic, delta: Any) -> Callable[..., Any]:
+    def start(*args: Any, **kwargs: Any) -> Any:
+        outputs = call(*args, **kwargs)
+        project = ONLINE_PROJECT.get()
+        if project is None:
+            return outputs
+        params = args[1] if len(args) > 1 else kwargs.get("sampling_params")
+        if params is None:
+            params = kwargs.get("pooling_params")
+        return _tally(outputs, traffic, project, getattr(params, "output_kind", None) == delta)
+
+    return start
+
+
+async def _tally(
+    outputs: Any, traffic: OnlineTraffic, project: str, delta: bool
+) -> AsyncIterator[Any]:
+    traffic.arrived()
+    usage = OnlineUsage(requests=1)
+    started = False
+    try:
+        async with aclosing(outputs):
+            async for output in outputs:
+                if not started:
+                    traffic.started()
+                    started = True
+                _count(usage, output, delta)
+                yield output
+    finally:
+        traffic.left(project, started, usage)
+
+
+def _count(usage: OnlineUsage, output: Any, delta: bool) -> None:
+    """Token counts from a RequestOutput (or PoolingRequestOutput) as it streams."""
+    usage.input_tokens = max(usage.input_tokens, len(output.prompt_token_ids or ()))
+    cached = int(getattr(output, "num_cached_tokens", 0) or 0)
+    usage.cached_tokens = max(usage.cached_tokens, cached)
+    completions = getattr(output, "outputs", None)
+    if not isinstance(completions, list):
+        return  # a pooling output: no generated tokens
+    made = sum(len(c.token_ids) for c in completions)
+    usage.output_tokens = usage.output_tokens + made if delta else made
 
 
 def _unrouted(url: str, served: list[str]) -> EngineResult:
@@ -251,13 +329,18 @@ def _validation_param(exc: Exception) -> str | None:
 
 
 @asynccontextmanager
-async def start_engine(args: Namespace) -> AsyncIterator[VllmEngine]:
-    """Start vLLM from parsed engine arguments; shut it down on exit."""
+async def start_engine(args: Namespace, online: bool = False) -> AsyncIterator[VllmEngine]:
+    """Start vLLM from parsed engine arguments; shut it down on exit.
+
+    `online`: also build vLLM's own OpenAI app (`vllm serve`'s routes, middleware and
+    exception handlers) on the very serving objects that answer batch lines.
+    """
     from starlette.datastructures import State
     from vllm.entrypoints.launchers.api_server.entry import (
         build_async_engine_client,
         init_app_state,
     )
+    from vllm.entrypoints.launchers.app import build_app
     from vllm.usage.usage_lib import UsageContext
 
     # vLLM sizes its scheduler (max_num_seqs, max_num_batched_tokens) by usage context; a
@@ -265,7 +348,26 @@ async def start_engine(args: Namespace) -> AsyncIterator[VllmEngine]:
     # smaller ones of a latency-bound server. Flags the user sets still win.
     async with build_async_engine_client(args, usage_context=UsageContext.LLM_CLASS) as client:
         supported_tasks = await client.get_supported_tasks()
-        state = State()
+        app = None
+        if online:
+            _frontend_defaults(args)
+            app = build_app(args, supported_tasks, client.model_config)
+        state = app.state if app is not None else State()
         await init_app_state(client, state, args, supported_tasks)
         names = list(args.served_model_name or [args.model])
-        yield VllmEngine(client, state, args, names)
+        yield VllmEngine(client, state, args, names, app)
+
+
+def _frontend_defaults(args: Namespace) -> None:
+    """`vllm serve`'s server options (CORS, docs, root path …) at their defaults.
+
+    The worker takes vLLM's engine and OpenAI frontend arguments but not the HTTP server's
+    own (`--host`, `--port`, `--api-key` …): overnight listens and authenticates itself.
+    """
+    from vllm.entrypoints.launchers.cli_args import FrontendArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    defaults = FrontendArgs.add_cli_args(FlexibleArgumentParser()).parse_args([])
+    for key, value in vars(defaults).items():
+        if not hasattr(args, key):
+            setattr(args, key, value)

@@ -28,6 +28,7 @@ from app.db.changes import ChangeWatch, watch_for
 from app.db.session import session_scope, upgrade
 from app.storage import Storage, storage_of
 from worker import claim, registry
+from worker.backoff import BackoffPolicy, follow_online_traffic
 from worker.engine import Engine, EngineDeadError
 from worker.finalizer import finalize_ready_batches
 from worker.health import Health, WorkerState
@@ -50,6 +51,8 @@ class WorkerOptions:
     prefix_grouping: bool = True
     submission_log: str | None = None
     max_active_shards: int = 3
+    # With the online API on: how the batch window gives way to online requests.
+    backoff: BackoffPolicy | None = None
 
 
 def _submission_logger(path: str | None) -> Callable[[Job], None] | None:
@@ -112,6 +115,10 @@ class Worker:
             asyncio.create_task(self._heartbeat(), name="heartbeat"),
             asyncio.create_task(self._finalizer(), name="finalizer"),
         ]
+        traffic = getattr(self.engine, "traffic", None)
+        if traffic is not None and self.options.backoff is not None:
+            online = follow_online_traffic(traffic, self.scheduler, self.options.backoff)
+            side.append(asyncio.create_task(online, name="online backoff"))
         stopper = asyncio.create_task(stop.wait())
         try:
             while not stop.is_set() and self._fatal is None:

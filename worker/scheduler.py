@@ -50,6 +50,7 @@ class Job:
     followers: list["Job"] = field(default_factory=list)
     task: "asyncio.Task[None] | None" = None
     aborted: bool = False
+    preempted: bool = False
 
     @property
     def engine_id(self) -> str:
@@ -142,7 +143,8 @@ class Scheduler:
         self._pending = 0
         self._current: Hashable = None
         self._burst = 0
-        self._in_flight: set[Job] = set()
+        # In submission order: preemption takes the newest first (the least work lost).
+        self._in_flight: dict[Job, None] = {}
         self._leaders: dict[bytes, Job] = {}
         self._results: OrderedDict[bytes, EngineResult] = OrderedDict()
         self._space = asyncio.Event()
@@ -209,7 +211,7 @@ class Scheduler:
     def _pump(self) -> None:
         while self._pending and len(self._in_flight) < self.window and self.failure is None:
             job = self._next()
-            self._in_flight.add(job)
+            self._in_flight[job] = None
             self.engine_submissions += 1
             if self.on_submit is not None:
                 self.on_submit(job)
@@ -221,17 +223,57 @@ class Scheduler:
         try:
             result = await self.engine.run(job.endpoint, job.body, job.engine_id)
         except asyncio.CancelledError:
-            self._in_flight.discard(job)
-            self._forget(job)
+            self._in_flight.pop(job, None)
+            if job.preempted and not job.aborted:
+                self._requeue(job)
+            else:
+                self._forget(job)
             self._pump()
             raise
         except Exception as exc:
-            self._in_flight.discard(job)
+            self._in_flight.pop(job, None)
             self._fail(exc)
             return
-        self._in_flight.discard(job)
+        self._in_flight.pop(job, None)
         self._complete(job, result)
         self._pump()
+
+    def _requeue(self, job: Job) -> None:
+        """A preempted job waits again, first in line, under a new request id."""
+        job.preempted, job.task = False, None
+        job.request_id = new_request_id()
+        group = self._groups.get(job.prefix)
+        if group is None:
+            group = self._groups[job.prefix] = deque()
+        group.appendleft(job)
+        self._groups.move_to_end(job.prefix, last=False)
+        self._pending += 1
+
+    async def resize(self, window: int, preempt: bool = True) -> int:
+        """Keep at most `window` requests in flight from now on; returns how many were preempted.
+
+        With `preempt`, the newest requests beyond the new window are aborted in the engine
+        and wait again, first in line: an aborted run delivers nothing, so each still gives
+        exactly one result, later.
+        """
+        self.window = max(0, window)
+        excess = len(self._in_flight) - self.window
+        if excess <= 0 or not preempt:
+            self._pump()
+            return 0
+        victims = [j for j in list(self._in_flight)[-excess:] if j.task and not j.task.done()]
+        ids = [job.engine_id for job in victims]
+        # Taken now: a requeued job may run again (a new task) before these end.
+        tasks = [job.task for job in victims if job.task is not None]
+        for job, task in zip(victims, tasks, strict=True):
+            job.preempted = True
+            task.cancel()
+        try:
+            await self.engine.abort(ids)
+        except Exception:
+            log.exception("aborting %d preempted requests in the engine failed", len(ids))
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return len(victims)
 
     def _complete(self, job: Job, result: EngineResult) -> None:
         self.output_tokens += result.usage.output_tokens

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 
 from app.dashboard import views
 from app.errors import OpenAIError, not_found
-from app.services import file_expiry, keys, monitoring
+from app.services import file_expiry, keys, monitoring, online_usage
 from app.services.batch_search import find_custom_id
 from app.services.files import open_file_content, preview_file
 from app.services.fleet import fleet
@@ -97,6 +97,11 @@ def file_rows(session: Session, project: str, purpose: str) -> list[views.Row]:
 
 def worker_rows(session: Session, lease: float) -> list[views.Row]:
     return [views.worker_row(w) for w in monitoring.list_workers(session, lease)]
+
+
+def online_rows(session: Session) -> list[views.Row]:
+    """Each project's use of the workers' online APIs, by model."""
+    return [views.online_row(row) for row in online_usage.totals(session)]
 
 
 def key_rows(session: Session) -> list[views.Row]:

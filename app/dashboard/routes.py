@@ -195,7 +195,8 @@ async def workers_page(
     request: Request, _login: PageLogin, uow: UnitOfWorkDep, settings: SettingsDep
 ) -> Response:
     rows = await uow.run(content.worker_rows, settings.lease_seconds)
-    return await _page(request, uow, "workers.html", rows=rows)
+    online = await uow.run(content.online_rows)
+    return await _page(request, uow, "workers.html", rows=rows, online=online)
 
 
 @router.get("/keys", response_class=HTMLResponse)

@@ -18,6 +18,7 @@ from app.schemas.admin import WorkerState
 from app.services.files import Preview
 from app.services.fleet import SERVING_STATES, Fleet
 from app.services.monitoring import BatchView, WorkerView
+from app.services.online_usage import UsageRow
 
 Row = dict[str, Any]
 DASH = "—"
@@ -243,6 +244,16 @@ def uptime(view: WorkerView, now: float) -> str:
     if view.state == WorkerState.LOADING:
         return f"loading {fmt_duration(now - w.started_at)}"
     return fmt_duration(now - (w.ready_at or w.started_at))
+
+
+def online_row(usage: UsageRow) -> Row:
+    return {
+        "project": usage.project,
+        "model": usage.model,
+        "requests": f"{usage.requests:,}",
+        "input_tokens": f"{usage.input_tokens:,}",
+        "output_tokens": f"{usage.output_tokens:,}",
+    }
 
 
 def file_row(f: File, project_name: str) -> Row:

@@ -401,3 +401,17 @@ class WebhookDelivery(Base):
     last_error: Mapped[str | None] = mapped_column(Text)
     latency_ms: Mapped[float | None] = mapped_column(Float)
     delivered_at: Mapped[float | None] = mapped_column(Float)
+
+
+class OnlineUsage(Base):
+    """What each project's online API calls used, by model: running totals the workers add to."""
+
+    __tablename__ = "online_usage"
+
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id"), primary_key=True)
+    model: Mapped[str] = mapped_column(String(256), primary_key=True)
+    requests: Mapped[int] = mapped_column(BigInteger, default=0)
+    input_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    cached_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    output_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    updated_at: Mapped[float] = mapped_column(Float)

@@ -1,0 +1,310 @@
+"""The worker's online API on the real engine, beside a running batch.
+
+One SQLite deployment and one SmolLM2 worker with `--online-port` serve every test (the
+engine start is the cost); vLLM's `LLM.chat` answers are computed in a subprocess while it
+starts. The worker runs with a small scheduler (8 sequences, so a window of 16) to make a
+full window cheap. The last test SIGKILLs the worker and finishes its batch on a new one.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import psutil
+import pytest
+from sqlalchemy import select
+
+from app.db.models import ResultChunk, Shard
+from app.db.session import session_scope
+from app.services import online_usage
+from app.services.auth import create_key
+from tests.engine_fixtures import (
+    ENGINE_ENV,
+    MODEL,
+    REPO,
+    Deployment,
+    WorkerProcess,
+    chat_line,
+    deployment,
+    jsonl,
+    persisted,
+    results,
+    smollm2_args,
+    start_batch,
+    wait_completed,
+    wait_status,
+)
+from tests.harness import free_port
+
+pytestmark = pytest.mark.engine
+
+MAX_NUM_SEQS = 8  # the window is twice this; the busy window an eighth (1)
+CHATS: list[dict[str, Any]] = [
+    {"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 16},
+    {
+        "messages": [
+            {"role": "system", "content": "You are a terse assistant."},
+            {"role": "user", "content": "Name three colours."},
+        ],
+        "max_tokens": 24,
+    },
+    {"messages": [{"role": "user", "content": "Write a haiku about rain."}], "max_tokens": 12},
+]
+
+
+@dataclass
+class Online:
+    deployment: Deployment
+    worker: WorkerProcess
+    url: str
+    keys: dict[str, str]  # project -> secret; "default" is an admin key
+    reference: Callable[[], list[str]]
+
+    def batches(self) -> openai.OpenAI:
+        return openai.OpenAI(
+            base_url=self.deployment.server.base_url, api_key=self.keys["default"], max_retries=0
+        )
+
+    def client(self, project: str = "default") -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=self.keys[project], max_retries=0)
+
+    def post(self, path: str, body: dict[str, Any], project: str = "default") -> httpx.Response:
+        headers = {"Authorization": f"Bearer {self.keys[project]}"}
+        return httpx.post(f"{self.url}{path}", json=body, headers=headers, timeout=120)
+
+
+def reference_answers(smollm2: Path, folder: Path) -> tuple[subprocess.Popen[bytes], Path]:
+    """tests/reference_llm.py (vLLM's `LLM.chat`, greedy) on CHATS, in the background."""
+    source, target = folder / "in.json", folder / "out.json"
+    source.write_text(json.dumps(CHATS))
+    with open(folder / "log", "wb") as log:
+        command = [sys.executable, str(REPO / "tests" / "reference_llm.py"), str(smollm2)]
+        process = subprocess.Popen(
+            [*command, str(source), str(target)],
+            env={**os.environ, **ENGINE_ENV},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+        )
+    return process, target
+
+
+@pytest.fixture(scope="module")
+def online(smollm2: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Online]:
+    folder = tmp_path_factory.mktemp("reference")
+    process, target = reference_answers(smollm2, folder)
+
+    def answers() -> list[str]:
+        assert process.wait(600) == 0, (folder / "log").read_text()[-3000:]
+        texts: list[str] = json.loads(target.read_text())
+        return texts
+
+    with deployment("sqlite", tmp_path_factory.mktemp("online")) as running:
+        with session_scope(running.settings) as session:
+            keys = {"default": create_key(session, "default", role="admin")[1]}
+            keys |= {p: create_key(session, p)[1] for p in ("alpha", "beta")}
+        port = free_port()
+        flags = ["--max-num-seqs", str(MAX_NUM_SEQS), "--online-port", str(port)]
+        worker = running.start_worker("online-1", [*smollm2_args(smollm2), *flags])
+        worker.wait_ready(timeout=900)
+        yield Online(running, worker, f"http://127.0.0.1:{port}", keys, answers)
+    if process.poll() is None:
+        process.kill()
+
+
+def batch_lines(prefix: str, n: int, max_tokens: int) -> bytes:
+    return jsonl(
+        [
+            chat_line(f"{prefix}{i}", f"Tell a story about the number {i}.", max_tokens=max_tokens)
+            for i in range(n)
+        ]
+    )
+
+
+def chat_body(chat: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {"model": MODEL, "temperature": 0, **chat, **extra}
+
+
+def test_online_answers_as_vllm_while_a_batch_runs(online: Online) -> None:
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionResponse
+
+    with online.batches() as client:
+        batch_id = start_batch(client, batch_lines("bg", 48, 32))
+        wait_completed(client, batch_id, 1)
+        bodies = [online.post("/v1/chat/completions", chat_body(c)).json() for c in CHATS]
+        assert client.batches.retrieve(batch_id).status == "in_progress"
+        same = chat_line("same", **chat_body(CHATS[0]))
+        twin_id = start_batch(client, jsonl([same]))
+        twin = results(client, wait_status(client, twin_id, "completed", timeout=240))
+        wait_status(client, batch_id, "completed", timeout=240)
+    for body, text in zip(bodies, online.reference(), strict=True):
+        assert body["object"] == "chat.completion" and body["model"] == MODEL
+        assert body["choices"][0]["message"]["content"] == text
+        # vLLM's own response model, serialized by vLLM's route: every field, nothing else.
+        assert set(body) == set(ChatCompletionResponse.model_fields)
+        assert body["usage"]["completion_tokens"] > 0
+    # The same request as a batch line: the same body from the same serving object.
+    batch_body = twin["same"]["response"]["body"]
+    varying = ("id", "created")
+    assert {k: v for k, v in batch_body.items() if k not in varying} == {
+        k: v for k, v in bodies[0].items() if k not in varying
+    }
+    models = httpx.get(
+        f"{online.url}/v1/models", headers={"Authorization": f"Bearer {online.keys['alpha']}"}
+    ).json()
+    assert [m["id"] for m in models["data"]] == [MODEL]
+    prompt = {"model": MODEL, "prompt": "1, 2, 3,", "max_tokens": 4}
+    completion = online.post("/v1/completions", prompt)
+    assert completion.status_code == 200 and completion.json()["object"] == "text_completion"
+    response = online.post("/v1/responses", {"model": MODEL, "input": "Hi", "max_output_tokens": 8})
+    assert response.status_code == 200 and response.json()["object"] == "response"
+
+
+def test_a_streamed_answer(online: Online) -> None:
+    with online.client("alpha") as client:
+        stream = client.chat.completions.create(
+            model=MODEL,
+            messages=CHATS[0]["messages"],
+            max_tokens=16,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = list(stream)
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == online.reference()[0]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] in ("stop", "length")
+    usage = chunks[-1].usage
+    assert usage is not None and usage.completion_tokens > 1
+
+
+def chunk_times(online: Online, batch_id: str) -> dict[int, float]:
+    """Line number -> when the result chunk holding it was recorded."""
+    settings = online.deployment.settings
+    with session_scope(settings) as session:
+        chunks = session.execute(
+            select(ResultChunk.storage_key, ResultChunk.created_at)
+            .join(Shard, Shard.id == ResultChunk.shard_id)
+            .where(Shard.batch_id == batch_id)
+        ).all()
+    from app.storage import storage_of
+
+    storage = storage_of(settings)
+    times: dict[int, float] = {}
+    for key, created in chunks:
+        for raw in b"".join(storage.read(key)).splitlines():
+            times.setdefault(json.loads(raw)["line"], created)
+    return times
+
+
+def test_online_requests_go_before_batch_requests_sent_earlier(online: Online) -> None:
+    window = 2 * MAX_NUM_SEQS
+    with online.batches() as client:
+        batch_id = start_batch(client, batch_lines("p", 3 * window, 64))
+        wait_until(lambda: len(online.worker.submissions(batch_id)) >= window, 120, "a full window")
+        time.sleep(0.5)  # every engine slot taken, the rest queued in the engine
+        before = set(online.worker.submissions(batch_id))
+        body = online.post("/v1/chat/completions", chat_body(CHATS[2], max_tokens=8)).json()
+        answered = time.time()
+        assert body["usage"]["completion_tokens"] > 0
+        wait_status(client, batch_id, "completed", timeout=300)
+    finished = chunk_times(online, batch_id)
+    checkpoint = online.deployment.settings.worker_checkpoint_seconds
+    later = {line for line in before if finished[line] > answered + checkpoint + 0.5}
+    # In arrival order (no priority, no backoff) nearly every one of them would be done first.
+    assert len(later) >= MAX_NUM_SEQS, f"{len(later)} of {len(before)} finished after it"
+    resent = online.worker.submissions(batch_id)
+    assert len(resent) > len(set(resent)), "no batch request was preempted"
+
+
+def test_each_key_counts_for_its_own_project(online: Online) -> None:
+    settings = online.deployment.settings
+
+    def usage() -> dict[str, online_usage.UsageRow]:
+        with session_scope(settings) as session:
+            return {row.project: row for row in online_usage.totals(session)}
+
+    before = usage()
+    denied = httpx.post(f"{online.url}/v1/chat/completions", json=chat_body(CHATS[0]))
+    assert denied.status_code == 401 and "error" in denied.json()
+    admin = online.post("/v1/chat/completions", chat_body(CHATS[0]), project="default")
+    assert admin.status_code == 200  # a control: the admin key works
+    headers = {"Authorization": "Bearer sk-ovn-not-a-key"}
+    url = f"{online.url}/v1/chat/completions"
+    forged = httpx.post(url, json=chat_body(CHATS[0]), headers=headers)
+    assert forged.status_code == 401 and forged.json()["error"]["code"] == "invalid_api_key"
+    answer = online.post("/v1/chat/completions", chat_body(CHATS[1]), project="beta").json()
+    wait_until(lambda: usage().get("beta") != before.get("beta"), 10, "beta's usage to be recorded")
+    after = usage()
+    beta, was = after["beta"], before.get("beta")
+    assert beta.requests - (was.requests if was else 0) == 1
+    assert beta.input_tokens - (was.input_tokens if was else 0) == answer["usage"]["prompt_tokens"]
+    made = answer["usage"]["completion_tokens"]
+    assert beta.output_tokens - (was.output_tokens if was else 0) == made
+    assert after.get("alpha") == before.get("alpha"), "alpha was charged for beta's request"
+    metrics = httpx.get(f"{online.deployment.server.url}/metrics").text
+    series = f'overnight_online_requests_total{{project="beta",model="{MODEL}"}}'
+    assert f"{series} {float(beta.requests)}\n" in metrics
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_sigkill_with_online_and_batch_traffic_loses_nothing(online: Online, smollm2: Path) -> None:
+    old = online.worker
+    n = 40
+    stop = threading.Event()
+    answered: list[int] = []
+
+    def online_traffic() -> None:
+        with online.client("alpha") as client:
+            while not stop.is_set():
+                try:
+                    stream = client.chat.completions.create(
+                        model=MODEL, messages=CHATS[0]["messages"], max_tokens=16, stream=True
+                    )
+                    answered.append(sum(1 for _ in stream))
+                except Exception:
+                    return  # the worker is gone (mid-stream or at connect)
+
+    with online.batches() as client:
+        batch_id = start_batch(client, batch_lines("k", n, 24))
+        sender = threading.Thread(target=online_traffic)
+        sender.start()
+        wait_completed(client, batch_id, 8)
+        assert answered, "no online answer while the batch ran"
+        engine = old.descendants()
+        assert engine, "the worker has no engine processes"
+        os.kill(old.process.pid, signal.SIGKILL)
+        old.process.wait(10)
+        stop.set()
+        sender.join(30)
+        _, alive = psutil.wait_procs(engine, timeout=15)
+        assert not alive, f"orphaned engine processes: {[p.pid for p in alive]}"
+        before = persisted(online.deployment.settings, batch_id)
+        assert 8 <= len(before) < n
+        new = online.deployment.start_worker("online-2", smollm2_args(smollm2))
+        batch = wait_status(client, batch_id, "completed", timeout=900)
+        by_id = results(client, batch)
+    assert set(by_id) == {f"k{i}" for i in range(n)}
+    assert all(v["error"] is None for v in by_id.values())
+    assert batch.request_counts is not None and batch.request_counts.completed == n
+    rerun = set(new.submissions(batch_id)) & set(before)
+    assert not rerun, f"lines run again after their results were persisted: {sorted(rerun)}"
+    for output in before.values():
+        assert by_id[output["custom_id"]] == output
