@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from app.core.sizes import SizeLimit
 from app.endpoints import GENERATIVE, POOLING
 from app.storage.base import parse_s3_url
 
@@ -120,6 +121,11 @@ class Settings(BaseSettings):
     def storage_location(self) -> str:
         """What `storage_for` takes: the S3 URL, or else the local storage directory."""
         return self.storage_url or str(self.storage_dir)
+
+    def size_limit(self, field: str) -> SizeLimit:
+        """A `max_*_bytes` setting with the variable that sets it, for error messages."""
+        prefix = self.model_config.get("env_prefix", "")
+        return SizeLimit(getattr(self, field), f"{prefix}{field}".upper())
 
     def served_model(self, name: str) -> ServedModel | None:
         return next((m for m in self.models if m.name == name), None)

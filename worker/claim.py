@@ -50,6 +50,7 @@ def claim_shard(
         .values(
             status=ShardStatus.RUNNING,
             lease_owner=owner,
+            last_owner=owner,
             lease_epoch=Shard.lease_epoch + 1,
             heartbeat_at=now,
             attempts=Shard.attempts + 1,

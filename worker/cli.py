@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from app.config import Settings
+from app.logging import is_text
 from worker.models import (
     BUNDLED_NAMES,
     ModelNotFoundError,
@@ -83,7 +84,7 @@ def own_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def vllm_parser() -> argparse.ArgumentParser:
+def vllm_parser(progress_bars: bool = True) -> argparse.ArgumentParser:
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.entrypoints.launchers.cli_args import BaseFrontendArgs
     from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -93,6 +94,9 @@ def vllm_parser() -> argparse.ArgumentParser:
     parser = AsyncEngineArgs.add_cli_args(parser)
     # Batch bodies should carry cached_tokens as OpenAI's do.
     parser.set_defaults(enable_prompt_tokens_details=True)
+    if not progress_bars:
+        # A weight-loading bar in a JSON log stream is a line no collector can parse.
+        parser.set_defaults(use_tqdm_on_load=False)
     if _on_cpu():
         # torch.compile needs a C++ toolchain and minutes of start-up for a small gain on CPU.
         parser.set_defaults(enforce_eager=True)
@@ -142,7 +146,7 @@ def parse(argv: Sequence[str] | None, settings: Settings) -> tuple[argparse.Name
         settings = settings.model_copy(update={"data_dir": Path(ours.data_dir)})
     # Before vLLM (and with it huggingface_hub, which reads the variable once) is imported.
     stay_offline_for(source_of(ours.model, settings.models))
-    args = vllm_parser().parse_args(rest)
+    args = vllm_parser(progress_bars=is_text(settings.log_format)).parse_args(rest)
     vars(args).update(vars(ours))
     # Per-step statistics cost throughput and are off in vLLM's offline runner too.
     args.disable_log_stats = args.disable_log_stats or not ours.enable_log_stats
@@ -179,11 +183,12 @@ def main(argv: Sequence[str] | None = None, settings: Settings | None = None) ->
     import asyncio
 
     from app.config import get_settings
-    from app.logging import configure_logging
+    from app.logging import configure_logging, route_vllm_logs
     from worker import process
 
     settings = settings or get_settings()
     configure_logging(settings.log_level, settings.log_format)
+    route_vllm_logs(settings.log_level, settings.log_format)
     try:
         args, settings = parse(argv, settings)
     except ModelNotFoundError as exc:

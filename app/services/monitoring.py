@@ -87,7 +87,8 @@ class Totals:
     """Deployment-wide sums, for Prometheus; per model, `""` for a batch with none yet."""
 
     batches_by_status: dict[str, int] = field(default_factory=dict)
-    queued_requests: int = 0
+    # Requests of in-progress batches still to run, by the batch's model.
+    queued_by_model: dict[str, int] = field(default_factory=dict)
     # Requests and tokens with a persisted result.
     done_by_model: dict[str, Progress] = field(default_factory=dict)
 
@@ -253,7 +254,8 @@ def totals(session: Session) -> Totals:
     )
     for model, *done, queued in live:
         _add(t, model, done)
-        t.queued_requests += int(queued or 0)
+        if queued:
+            t.queued_by_model[model or ""] = t.queued_by_model.get(model or "", 0) + int(queued)
     return t
 
 
