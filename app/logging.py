@@ -176,6 +176,8 @@ def route_vllm_logs(level: str, fmt: str) -> None:
         # Progress bars are for terminals; in a log stream they are unparseable lines.
         os.environ.setdefault("TQDM_DISABLE", "1")
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        # PyTorch's C++ warnings go straight to the file descriptor, past any handler.
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
 
 class ResponseWatch:

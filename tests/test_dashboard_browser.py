@@ -94,6 +94,18 @@ def log_in(page: Page, server: RunningServer, path: str = "/dashboard") -> None:
     expect(page).to_have_url(server.url + path)
 
 
+def phone_page(browser: Browser, server: RunningServer, logged_in: Page) -> tuple[Page, Alerts]:
+    """A 390 px page with the login of `logged_in`."""
+    phone, alerts = open_page(browser, server, width=390)
+    phone.context.add_cookies(
+        [
+            {"name": c["name"], "value": c["value"], "url": server.url}
+            for c in logged_in.context.cookies()
+        ]
+    )
+    return phone, alerts
+
+
 def shot(page: Page, name: str) -> None:
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
@@ -178,13 +190,7 @@ def test_batch_runs_live_and_downloads(
         assert saved.read_bytes() == sdk.files.content(file_id).content
     assert alerts.alerts == []
 
-    phone, phone_alerts = open_page(browser, server, width=390)
-    phone.context.add_cookies(
-        [
-            {"name": c["name"], "value": c["value"], "url": server.url}
-            for c in page.context.cookies()
-        ]
-    )
+    phone, phone_alerts = phone_page(browser, server, page)
     for path, name in (("/dashboard", "batches"), (f"/dashboard/batches/{batch.id}", "batch")):
         phone.goto(server.url + path)
         expect(phone.locator("h1")).to_be_visible()
@@ -227,15 +233,39 @@ def test_workers_files_and_keys_pages(
     page, alerts = open_page(browser, server)
     log_in(page, server, "/dashboard/workers")
     expect(page.locator("#workers caption.empty")).to_be_visible()
-    with ThreadedWorker(server.settings, FakeEngine(), worker_id="fake-1"):
-        row = page.locator('tr[data-key="fake-1"]')
+    # A worker id has the colons of host:pid:suffix: its page's URL must quote them.
+    worker_id = "gpu-1:42:fake"
+    with ThreadedWorker(server.settings, FakeEngine(max_num_seqs=2), worker_id=worker_id):
+        row = page.locator(f'tr[data-key="{worker_id}"]')
         expect(row.locator('[data-field="state"]')).to_have_text("idle")
         expect(row.locator('[data-field="model"]')).to_have_text("SmolLM2-135M-Instruct")
         shot(page, f"workers-{backend}")
+        row.locator('a[data-field="id"]').click()
+        expect(page.locator("h1")).to_have_text(worker_id)
+        expect(page.locator('[data-list="effective"]')).to_contain_text("max_num_seqs")
+        expect(page.locator("#shards caption.empty")).to_be_visible()
+        # 2 running in the engine, the rest of the window (2 x max_num_seqs) waiting.
+        batch_id = start_batch(sdk, slow_lines(16, delay=1.5))
+        expect(page.locator('[data-field="engine_running"]')).to_have_text("2")
+        expect(page.locator('[data-field="engine_waiting"]')).to_have_text("2")
+        expect(page.locator('.stats [data-field="kv_cache"]')).to_have_text("100.0%")
+        shard = page.locator('#shards tbody tr[data-key="' + batch_id + '#0"]')
+        expect(shard.locator('[data-field="batch"]')).to_have_text(batch_id)
+        shot(page, f"worker-{backend}")
+        wait_status(sdk, batch_id, "completed")
+        expect(shard.locator('[data-field="status"]')).to_have_text("done")
+        expect(shard.locator('[data-field="completed"]')).to_have_text("6")
+        expect(page.locator('[data-field="engine_running"]')).to_have_text("0")
+        phone, phone_alerts = phone_page(browser, server, page)
+        phone.goto(page.url)
+        expect(phone.locator("h1")).to_have_text(worker_id)
+        no_horizontal_scroll(phone)
+        shot(phone, f"phone-worker-{backend}")
+        assert phone_alerts.alerts == []
 
     sdk.files.create(file=(f"{HOSTILE}.jsonl", b"{}\n"), purpose="batch")
     page.goto(server.url + "/dashboard/files")
-    expect(page.locator('#files [data-field="filename"]')).to_have_text(f"{HOSTILE}.jsonl")
+    expect(page.locator('#files [data-field="filename"]').first).to_have_text(f"{HOSTILE}.jsonl")
 
     page.goto(server.url + "/dashboard/keys")
     page.fill("input[name=project]", HOSTILE)

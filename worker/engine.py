@@ -320,10 +320,9 @@ class Gauges:
 def configuration_of(vllm_config: Any, engine_args: Any) -> dict[str, Any]:
     """What the engine runs with, after vLLM sized it, and the arguments that differ from
     vLLM's defaults (secrets redacted), as `vllm serve` logs them."""
-    from vllm.entrypoints.serve.utils.api_utils import (
-        jsonify_non_default_args,
-        redact_sensitive_args,
-    )
+    import dataclasses
+
+    from vllm.entrypoints.serve.utils.api_utils import redact_sensitive_args
 
     model, cache = vllm_config.model_config, vllm_config.cache_config
     scheduler, parallel = vllm_config.scheduler_config, vllm_config.parallel_config
@@ -340,8 +339,14 @@ def configuration_of(vllm_config: Any, engine_args: Any) -> dict[str, Any]:
         "enable_prefix_caching": bool(cache.enable_prefix_caching),
         "enforce_eager": bool(model.enforce_eager),
     }
-    given = redact_sensitive_args(jsonify_non_default_args(engine_args))
-    return {"effective": effective, "arguments": given}
+    defaults = type(engine_args)(model=engine_args.model)
+    given = {
+        f.name: getattr(engine_args, f.name)
+        for f in dataclasses.fields(engine_args)
+        if f.name != "model" and getattr(engine_args, f.name) != getattr(defaults, f.name)
+    }
+    plain = orjson.loads(orjson.dumps(redact_sensitive_args(given), default=str))
+    return {"effective": effective, "arguments": plain}
 
 
 @asynccontextmanager

@@ -33,6 +33,13 @@ def worker_rows(session: Session, lease: float) -> list[views.Row]:
     return [views.worker_row(w) for w in monitoring.list_workers(session, lease)]
 
 
+def worker_detail(session: Session, worker_id: str, lease: float) -> views.Row:
+    view = monitoring.get_worker(session, worker_id, lease)
+    if view is None:
+        raise not_found("Worker", worker_id)
+    return views.worker_detail(view, monitoring.recent_shards(session, worker_id), time.time())
+
+
 def key_rows(session: Session) -> list[views.Row]:
     return [views.key_row(key) for key in keys.key_objects(session)]
 

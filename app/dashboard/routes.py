@@ -173,6 +173,14 @@ async def workers_page(
     return await _page(request, uow, "workers.html", rows=rows)
 
 
+@router.get("/workers/{worker_id}", response_class=HTMLResponse)
+async def worker_page(
+    request: Request, worker_id: str, _login: PageLogin, uow: UnitOfWorkDep, settings: SettingsDep
+) -> Response:
+    worker = await uow.run(content.worker_detail, worker_id, settings.lease_seconds)
+    return await _page(request, uow, "worker.html", worker=worker)
+
+
 @router.get("/keys", response_class=HTMLResponse)
 async def keys_page(request: Request, _login: PageLogin, uow: UnitOfWorkDep) -> Response:
     return await _page(request, uow, "keys.html", **await uow.run(content.keys_page))
@@ -241,6 +249,13 @@ async def workers_feed(
     _login: ApiLogin, uow: UnitOfWorkDep, settings: SettingsDep
 ) -> dict[str, Any]:
     return {"rows": await uow.run(content.worker_rows, settings.lease_seconds)}
+
+
+@router.get("/api/workers/{worker_id}")
+async def worker_feed(
+    worker_id: str, _login: ApiLogin, uow: UnitOfWorkDep, settings: SettingsDep
+) -> dict[str, Any]:
+    return await uow.run(content.worker_detail, worker_id, settings.lease_seconds)
 
 
 @router.get("/api/files")

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import ColumnElement, case, func, or_, select
+from sqlalchemy import ColumnElement, Select, case, func, or_, select
 from sqlalchemy.orm import Session
 
 from app.core.progress import Outcomes, Progress
@@ -149,28 +149,50 @@ def running_batches(session: Session) -> list[BatchView]:
     return _views(session, rows)
 
 
+def _workers_query() -> Select[tuple[RegisteredWorker, str | None, int | None]]:
+    return select(RegisteredWorker, Shard.batch_id, Shard.index).outerjoin(
+        Shard, Shard.id == RegisteredWorker.current_shard_id
+    )
+
+
+def _worker_view(row: Any, now: float, lease_seconds: float) -> WorkerView:
+    worker, batch_id, shard_index = row
+    age = max(now - worker.heartbeat_at, 0.0)
+    if worker.stopped_at is not None:
+        state = WorkerState.STOPPED
+    elif age > lease_seconds:
+        state = WorkerState.STALE
+    elif worker.current_shard_id is not None:
+        state = WorkerState.RUNNING
+    else:
+        state = WorkerState.IDLE
+    return WorkerView(worker, batch_id, shard_index, state, age)
+
+
 def list_workers(session: Session, lease_seconds: float, limit: int = 200) -> list[WorkerView]:
     """Live workers first, then the most recently seen."""
     now = time.time()
     rows = session.execute(
-        select(RegisteredWorker, Shard.batch_id, Shard.index)
-        .outerjoin(Shard, Shard.id == RegisteredWorker.current_shard_id)
+        _workers_query()
         .order_by(RegisteredWorker.stopped_at.is_not(None), RegisteredWorker.heartbeat_at.desc())
         .limit(limit)
     ).all()
-    views = []
-    for worker, batch_id, shard_index in rows:
-        age = max(now - worker.heartbeat_at, 0.0)
-        if worker.stopped_at is not None:
-            state = WorkerState.STOPPED
-        elif age > lease_seconds:
-            state = WorkerState.STALE
-        elif worker.current_shard_id is not None:
-            state = WorkerState.RUNNING
-        else:
-            state = WorkerState.IDLE
-        views.append(WorkerView(worker, batch_id, shard_index, state, age))
-    return views
+    return [_worker_view(row, now, lease_seconds) for row in rows]
+
+
+def get_worker(session: Session, worker_id: str, lease_seconds: float) -> WorkerView | None:
+    row = session.execute(_workers_query().where(RegisteredWorker.id == worker_id)).first()
+    return None if row is None else _worker_view(row, time.time(), lease_seconds)
+
+
+def recent_shards(session: Session, worker_id: str, limit: int = 20) -> Sequence[Shard]:
+    """The shards this worker claimed last, newest heartbeat first."""
+    return session.scalars(
+        select(Shard)
+        .where(Shard.last_owner == worker_id)
+        .order_by(Shard.heartbeat_at.desc())
+        .limit(limit)
+    ).all()
 
 
 def list_files(
