@@ -167,8 +167,12 @@ def route_vllm_logs(level: str, fmt: str) -> None:
     with os.fdopen(fd, "w") as config:
         json.dump(vllm_logging_config(level, fmt), config)
     pid = os.getpid()
-    # Only the process that wrote it removes it (forked children run atexit hooks too).
-    atexit.register(lambda: os.getpid() == pid and os.unlink(path))
+
+    def remove() -> None:
+        if os.getpid() == pid:  # forked children run atexit hooks too
+            os.unlink(path)
+
+    atexit.register(remove)
     os.environ["VLLM_LOGGING_CONFIG_PATH"] = path
     # Until vLLM applies the file (when it builds its config), its records reach our root.
     logging.getLogger("vllm").setLevel(vllm_level())

@@ -20,6 +20,7 @@ from tests import batch_sim
 from tests.engine_fixtures import chat_line, jsonl, start_batch, wait_status
 from tests.fake_engine import FakeEngine, ThreadedWorker, fast
 from tests.harness import RunningServer, running_server
+from tests.webhook_receiver import running_receiver
 
 CHROMIUM = Path("/usr/bin/chromium")
 FLAGS = [
@@ -317,3 +318,75 @@ def test_retry_from_the_batch_page(
     no_horizontal_scroll(page)  # a batch id in the metadata folds
     shot(page, f"batch-retry-{backend}")
     assert alerts.alerts == []
+
+
+def test_webhook_endpoints_page(browser: Browser, settings: Settings, backend: str) -> None:
+    """Create, test, edit, disable, rotate and delete an endpoint from the page, with a real
+    receiver on loopback: every delivery it gets verifies with the secret the page showed."""
+    allowed = fast(settings, admin_key=ADMIN_KEY, webhook_allow_private=True)
+    with running_server(allowed) as server, running_receiver() as receiver:
+        sdk = openai.OpenAI(base_url=server.base_url, api_key=ADMIN_KEY, max_retries=0)
+        sdk.post("/admin/api_keys", body={"project": "team"}, cast_to=dict)
+        page, alerts = open_page(browser, server)
+        log_in(page, server, "/dashboard/webhooks")
+        expect(page.locator('[data-show-empty="webhooks"]')).to_be_visible()
+
+        form = page.locator("#new-webhook")
+        form.locator("select[name=project]").select_option("team")
+        form.locator("input[name=name]").fill(HOSTILE)
+        form.locator("input[name=url]").fill(receiver.url)
+        form.locator('input[value="batch.failed"]').uncheck()
+        form.locator("button[type=submit]").click()
+        expect(form.locator("[data-secret]")).to_be_visible(timeout=20_000)
+        secret = page.locator("#new-webhook-secret").inner_text()
+        assert secret.startswith("whsec_")
+        card = page.locator("#webhooks article.endpoint")
+        expect(card).to_have_count(1)
+        expect(card.locator('h2 [data-field="name"]')).to_have_text(HOSTILE)
+        expect(card.locator('[data-field="project"]')).to_have_text("team")
+        [endpoint] = sdk.webhooks.list(extra_query={"project": "team"}).data
+        assert "batch.failed" not in endpoint.event_types
+
+        card.locator("[data-action=test]").click()
+        expect(page.locator("#flash")).to_have_text("Test event sent: HTTP 200.", timeout=20_000)
+        [delivery] = receiver.wait_for(1)
+        event = sdk.webhooks.unwrap(delivery.body, delivery.headers, secret=secret)
+        assert event.type == "batch.completed" and event.data.id == "batch_test"
+        row = card.locator('[data-list="deliveries"] tr').first
+        expect(row.locator('[data-field="status"]')).to_have_text("delivered")
+        expect(row.locator('[data-field="http"]')).to_have_text("200")
+        expect(row.locator('[data-field="latency"]')).to_contain_text(" ms")
+
+        card.locator("details.edit summary").click()
+        card.locator("form input[name=name]").fill("nightly")
+        card.locator("form button[type=submit]").click()
+        expect(card.locator('h2 [data-field="name"]')).to_have_text("nightly")
+        card.locator("[data-action=toggle]").click()
+        expect(card.locator('h2 [data-field="state"]')).to_have_text("disabled")
+        assert sdk.webhooks.retrieve(endpoint.id).model_extra == {"enabled": False}
+
+        card.locator("[data-action=rotate]").click()  # confirm() is accepted by Alerts
+        expect(card.locator("[data-secret]")).to_be_visible(timeout=20_000)
+        rotated = card.locator("[data-secret-value]").inner_text()
+        assert rotated.startswith("whsec_") and rotated != secret
+        receiver.answer = lambda _n: 503
+        card.locator("[data-action=test]").click()
+        expect(page.locator("#flash")).to_have_text("Test event sent: HTTP 503.", timeout=20_000)
+        failed = receiver.wait_for(2)[1]
+        assert sdk.webhooks.unwrap(failed.body, failed.headers, secret=rotated).type
+        row = card.locator('[data-list="deliveries"] tr').first
+        expect(row.locator('[data-field="status"]')).to_have_text("failed")
+        expect(row.locator('[data-field="last_error"]')).to_have_text("HTTP 503:")
+        shot(page, f"webhooks-{backend}")
+
+        phone, phone_alerts = phone_page(browser, server, page)
+        phone.goto(server.url + "/dashboard/webhooks")
+        expect(phone.locator("#webhooks article.endpoint")).to_have_count(1)
+        no_horizontal_scroll(phone)
+        shot(phone, f"phone-webhooks-{backend}")
+
+        card.locator("[data-action=delete]").click()
+        expect(card).to_have_count(0)
+        with pytest.raises(openai.NotFoundError):
+            sdk.webhooks.retrieve(endpoint.id)
+        assert alerts.alerts == [] and phone_alerts.alerts == []

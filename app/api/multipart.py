@@ -170,7 +170,8 @@ class _Collector:
         elif self._mode == "field":
             if len(self._field_value) + end - start > MAX_FIELD_BYTES:
                 raise OpenAIError(
-                    f"The form field '{self._field_name}' is longer than {human_bytes(MAX_FIELD_BYTES)}.",
+                    f"The form field '{self._field_name}' is longer than "
+                    f"{human_bytes(MAX_FIELD_BYTES)}.",
                     param=self._field_name,
                 )
             self._field_value += data[start:end]

@@ -8,7 +8,7 @@ from sqlalchemy.orm import Session
 
 from app.dashboard import views
 from app.errors import not_found
-from app.services import keys, monitoring
+from app.services import keys, monitoring, webhook_endpoints
 from app.services.files import open_file_content
 from app.services.throughput import throughput_series
 from app.storage import Storage
@@ -38,6 +38,14 @@ def worker_detail(session: Session, worker_id: str, lease: float) -> views.Row:
     if view is None:
         raise not_found("Worker", worker_id)
     return views.worker_detail(view, monitoring.recent_shards(session, worker_id), time.time())
+
+
+def webhook_rows(session: Session) -> list[views.Row]:
+    return [views.webhook_row(*found) for found in webhook_endpoints.every_endpoint(session)]
+
+
+def webhooks_page(session: Session) -> dict[str, Any]:
+    return {"rows": webhook_rows(session), "projects": monitoring.list_projects(session)}
 
 
 def key_rows(session: Session) -> list[views.Row]:

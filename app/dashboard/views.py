@@ -13,9 +13,10 @@ from urllib.parse import quote
 
 import orjson
 
-from app.core.states import CANCELLABLE_BATCH_STATUSES, TERMINAL_BATCH_STATUSES, BatchStatus
 from app.core.sizes import human_bytes
-from app.db.models import File, RegisteredWorker, Shard
+from app.core.states import CANCELLABLE_BATCH_STATUSES, TERMINAL_BATCH_STATUSES, BatchStatus
+from app.core.webhook_signing import secret_hint
+from app.db.models import File, RegisteredWorker, Shard, WebhookEndpoint
 from app.schemas.admin import WorkerState
 from app.services.monitoring import BatchView, WorkerView
 
@@ -192,12 +193,49 @@ def _shard_row(shard: Shard, now: float) -> Row:
         "batch": shard.batch_id,
         "batch_href": f"/dashboard/batches/{shard.batch_id}",
         "index": shard.index,
-        "lines": f"{shard.first_line}–{last}",
+        "lines": f"{shard.first_line}-{last}",
         "status": shard.status,
         "completed": shard.completed,
         "failed": shard.failed,
         "attempts": shard.attempts,
         "seen": fmt_duration(now - shard.heartbeat_at) if shard.heartbeat_at else DASH,
+    }
+
+
+def webhook_row(endpoint: WebhookEndpoint, project_name: str, deliveries: list[Any]) -> Row:
+    """An endpoint with its recent deliveries (`WebhookDelivery` rows, newest first)."""
+    base = f"/dashboard/api/webhooks/{endpoint.id}"
+    return {
+        "id": endpoint.id,
+        "name": endpoint.name,
+        "url": endpoint.url,
+        "project": project_name,
+        "event_types": list(endpoint.event_types),
+        "events": ", ".join(endpoint.event_types),
+        "enabled": endpoint.enabled,
+        "state": "enabled" if endpoint.enabled else "disabled",
+        "toggle_label": "Disable" if endpoint.enabled else "Enable",
+        "toggle_url": f"{base}/{'disable' if endpoint.enabled else 'enable'}",
+        "update_url": base,
+        "delete_url": f"{base}/delete",
+        "rotate_url": f"{base}/rotate",
+        "test_url": f"{base}/test",
+        "secret_hint": secret_hint(endpoint.secret),
+        "created": fmt_time(endpoint.created_at),
+        "deliveries": [_delivery_row(d) for d in deliveries],
+    }
+
+
+def _delivery_row(d: Any) -> Row:
+    return {
+        "id": d.id,
+        "event_type": d.event_type,
+        "status": d.status,
+        "attempts": d.attempts,
+        "http": DASH if d.last_status_code is None else str(d.last_status_code),
+        "latency": DASH if d.latency_ms is None else f"{d.latency_ms:.0f} ms",
+        "last_error": d.last_error or DASH,
+        "created": fmt_time(d.created_at),
     }
 
 

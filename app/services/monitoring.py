@@ -149,7 +149,7 @@ def running_batches(session: Session) -> list[BatchView]:
     return _views(session, rows)
 
 
-def _workers_query() -> Select[tuple[RegisteredWorker, str | None, int | None]]:
+def _workers_query() -> Select[RegisteredWorker, str, int]:
     return select(RegisteredWorker, Shard.batch_id, Shard.index).outerjoin(
         Shard, Shard.id == RegisteredWorker.current_shard_id
     )

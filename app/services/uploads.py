@@ -174,7 +174,10 @@ def start_part(
             writer,
             settings.max_upload_part_bytes,
             too_large(
-                "The upload part", settings.size_limit("max_upload_part_bytes"), "data", "part_too_large"
+                "The upload part",
+                settings.size_limit("max_upload_part_bytes"),
+                "data",
+                "part_too_large",
             ),
         ),
     )
