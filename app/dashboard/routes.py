@@ -343,7 +343,7 @@ async def change_webhook(
 ) -> dict[str, Any]:
     """enable, disable, delete, rotate (the new secret, once) or test (a sample event now)."""
     if change in ("enable", "disable"):
-        enabled = UpdateWebhookEndpointRequest(enabled=change == "enable")
+        enabled = UpdateWebhookEndpointRequest.model_validate({"enabled": change == "enable"})
         await uow.run(webhook_endpoints.update_endpoint, settings, None, endpoint_id, enabled)
         return {"id": endpoint_id}
     if change == "delete":
