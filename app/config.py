@@ -8,6 +8,7 @@ from pydantic import BaseModel, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.core.schedule import Order
+from app.core.sizes import SizeLimit
 from app.endpoints import GENERATIVE, POOLING
 from app.storage.base import parse_s3_url
 
@@ -143,6 +144,10 @@ class Settings(BaseSettings):
             self.enqueued_token_limits.get(model, self.enqueued_token_limit),
             self.enqueued_request_limits.get(model, self.enqueued_request_limit),
         )
+    def size_limit(self, field: str) -> SizeLimit:
+        """A `max_*_bytes` setting with the variable that sets it, for error messages."""
+        prefix = self.model_config.get("env_prefix", "")
+        return SizeLimit(getattr(self, field), f"{prefix}{field}".upper())
 
     def served_model(self, name: str) -> ServedModel | None:
         return next((m for m in self.models if m.name == name), None)

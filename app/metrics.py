@@ -54,11 +54,7 @@ class DatabaseCollector(Collector):
         for status in BatchStatus:
             batches.add_metric([status], totals.batches_by_status.get(status, 0))
         yield batches
-        yield GaugeMetricFamily(
-            "overnight_queue_requests",
-            "Requests of in-progress batches that have no result yet.",
-            value=totals.queued_requests,
-        )
+        yield _queue_metric(totals, self.settings, workers)
         yield from _done_metrics(totals)
         yield _histogram(
             "overnight_batch_duration_seconds",
@@ -93,6 +89,22 @@ def _online_metrics(rows: list[online_usage.UsageRow]) -> Iterator[Metric]:
         tokens.add_metric(["generated", row.project, row.model], row.output_tokens)
         tokens.add_metric(["cached", row.project, row.model], row.cached_tokens)
     yield from (requests, tokens)
+
+
+def _queue_metric(
+    totals: monitoring.Totals, settings: Settings, workers: list[monitoring.WorkerView]
+) -> Metric:
+    queue = GaugeMetricFamily(
+        "overnight_queue_requests",
+        "Requests of in-progress batches that have no result yet, by model.",
+        labels=["model"],
+    )
+    # Every model a worker could be started for has a series, 0 when idle, so that a
+    # per-model autoscaler query always has a value.
+    known = {m.name for m in settings.models} | {w.worker.model for w in workers}
+    for model in sorted(known | totals.queued_by_model.keys()):
+        queue.add_metric([model], totals.queued_by_model.get(model, 0))
+    return queue
 
 
 def _done_metrics(totals: monitoring.Totals) -> Iterator[Metric]:
@@ -156,12 +168,31 @@ def _worker_metrics(workers: list[monitoring.WorkerView]) -> Iterator[Metric]:
         "Seconds since a live worker's heartbeat.",
         labels=labels,
     )
+    # vLLM's scheduler gauges, as each worker's engine last reported them (heartbeat).
+    running = GaugeMetricFamily(
+        "overnight_worker_engine_running_requests",
+        "Requests a live worker's vLLM engine is running.",
+        labels=labels,
+    )
+    waiting = GaugeMetricFamily(
+        "overnight_worker_engine_waiting_requests",
+        "Requests waiting in a live worker's vLLM engine.",
+        labels=labels,
+    )
+    kv_cache = GaugeMetricFamily(
+        "overnight_worker_kv_cache_usage_ratio",
+        "The fraction of a live worker's KV cache in use (0 to 1).",
+        labels=labels,
+    )
     for w in live:
         key = [w.worker.id, w.worker.model]
         rate.add_metric(key, w.worker.tokens_per_second)
         busy.add_metric(key, 1.0 if w.state == WorkerState.RUNNING else 0.0)
         age.add_metric(key, w.heartbeat_age)
-    yield from (rate, busy, age)
+        running.add_metric(key, w.worker.engine_running)
+        waiting.add_metric(key, w.worker.engine_waiting)
+        kv_cache.add_metric(key, w.worker.kv_cache_usage)
+    yield from (rate, busy, age, running, waiting, kv_cache)
 
 
 class Metrics:

@@ -12,7 +12,7 @@ from typing import Any
 from app.config import Settings
 from app.core.progress import Usage
 from app.endpoints import CHAT
-from worker.engine import EngineResult, error_result
+from worker.engine import EngineResult, EngineStats, error_result
 from worker.loop import Worker, WorkerOptions
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -31,6 +31,10 @@ class FakeEngine:
         self.aborted: list[str] = []
         self.running = 0
         self.peak = 0
+        self.configuration: dict[str, Any] = {
+            "effective": {"model": "fake", "max_num_seqs": max_num_seqs},
+            "arguments": {"delay": delay},
+        }
 
     async def run(self, endpoint: str, body: dict[str, Any], request_id: str) -> EngineResult:
         self.calls.append((endpoint, body, request_id))
@@ -54,6 +58,11 @@ class FakeEngine:
             "usage": usage,
         }
         return EngineResult(200, answer, Usage(input_tokens=3, output_tokens=2))
+
+    def stats(self) -> EngineStats:
+        """As a scheduler with `max_num_seqs` slots sees its requests; the cache fills with them."""
+        running = min(self.running, self.max_num_seqs)
+        return EngineStats(running, self.running - running, running / self.max_num_seqs)
 
     async def abort(self, request_ids: Iterable[str]) -> None:
         self.aborted.extend(request_ids)

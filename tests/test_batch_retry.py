@@ -57,6 +57,7 @@ def test_retry_runs_what_can_change_and_the_outputs_cover_every_request_once(
         endpoint="/v1/chat/completions",
         completion_window="24h",
         metadata={"team": "ml"},
+        extra_body={"output_expires_after": {"anchor": "created_at", "seconds": 7200}},
     ).id
     wait_status(client, original, "in_progress")
     claim = sim.claim_shard(settings, "sim", original)
@@ -70,6 +71,8 @@ def test_retry_runs_what_can_change_and_the_outputs_cover_every_request_once(
 
     retry = client.post(f"/batches/{original}/retry", body={}, cast_to=openai.types.Batch)
     assert retry.metadata == {"team": "ml", "retry_of": original}
+    # Its output files expire as the original's would.
+    assert sim.load_batch(settings, retry.id).output_expires_after == 7200
     retried = wait_status(client, retry.id, "in_progress")
     assert retried.request_counts is not None and retried.request_counts.total == len(expected)
     sim.run_batch(settings, retry.id, always_ok)

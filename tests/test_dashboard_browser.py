@@ -23,6 +23,7 @@ from tests.engine_fixtures import chat_line, jsonl, start_batch, wait_status
 from tests.fake_engine import FakeEngine, ThreadedWorker, fast
 from tests.harness import RunningServer, running_server
 from worker import registry
+from tests.webhook_receiver import running_receiver
 
 CHROMIUM = Path("/usr/bin/chromium")
 FLAGS = [
@@ -95,6 +96,18 @@ def log_in(page: Page, server: RunningServer, path: str = "/dashboard") -> None:
     page.fill("#key", ADMIN_KEY)
     page.click("button[type=submit]")
     expect(page).to_have_url(server.url + path)
+
+
+def phone_page(browser: Browser, server: RunningServer, logged_in: Page) -> tuple[Page, Alerts]:
+    """A 390 px page with the login of `logged_in`."""
+    phone, alerts = open_page(browser, server, width=390)
+    phone.context.add_cookies(
+        [
+            {"name": c["name"], "value": c["value"], "url": server.url}
+            for c in logged_in.context.cookies()
+        ]
+    )
+    return phone, alerts
 
 
 def shot(page: Page, name: str) -> None:
@@ -209,13 +222,7 @@ def test_batch_runs_live_and_downloads(
         assert saved.read_bytes() == sdk.files.content(file_id).content
     assert alerts.alerts == []
 
-    phone, phone_alerts = open_page(browser, server, width=390)
-    phone.context.add_cookies(
-        [
-            {"name": c["name"], "value": c["value"], "url": server.url}
-            for c in page.context.cookies()
-        ]
-    )
+    phone, phone_alerts = phone_page(browser, server, page)
     for path, name in (("/dashboard", "batches"), (f"/dashboard/batches/{batch.id}", "batch")):
         phone.goto(server.url + path)
         expect(phone.locator("h1")).to_be_visible()
@@ -258,15 +265,39 @@ def test_workers_files_and_keys_pages(
     page, alerts = open_page(browser, server)
     log_in(page, server, "/dashboard/workers")
     expect(page.locator("#workers caption.empty")).to_be_visible()
-    with ThreadedWorker(server.settings, FakeEngine(), worker_id="fake-1"):
-        row = page.locator('tr[data-key="fake-1"]')
+    # A worker id has the colons of host:pid:suffix: its page's URL must quote them.
+    worker_id = "gpu-1:42:fake"
+    with ThreadedWorker(server.settings, FakeEngine(max_num_seqs=2), worker_id=worker_id):
+        row = page.locator(f'tr[data-key="{worker_id}"]')
         expect(row.locator('[data-field="state"]')).to_have_text("idle")
         expect(row.locator('[data-field="model"]')).to_have_text("SmolLM2-135M-Instruct")
         shot(page, f"workers-{backend}")
+        row.locator('a[data-field="id"]').click()
+        expect(page.locator("h1")).to_have_text(worker_id)
+        expect(page.locator('[data-list="effective"]')).to_contain_text("max_num_seqs")
+        expect(page.locator("#shards caption.empty")).to_be_visible()
+        # 2 running in the engine, the rest of the window (2 x max_num_seqs) waiting.
+        batch_id = start_batch(sdk, slow_lines(16, delay=1.5))
+        expect(page.locator('[data-field="engine_running"]')).to_have_text("2")
+        expect(page.locator('[data-field="engine_waiting"]')).to_have_text("2")
+        expect(page.locator('.stats [data-field="kv_cache"]')).to_have_text("100.0%")
+        shard = page.locator('#shards tbody tr[data-key="' + batch_id + '#0"]')
+        expect(shard.locator('[data-field="batch"]')).to_have_text(batch_id)
+        shot(page, f"worker-{backend}")
+        wait_status(sdk, batch_id, "completed")
+        expect(shard.locator('[data-field="status"]')).to_have_text("done")
+        expect(shard.locator('[data-field="completed"]')).to_have_text("6")
+        expect(page.locator('[data-field="engine_running"]')).to_have_text("0")
+        phone, phone_alerts = phone_page(browser, server, page)
+        phone.goto(page.url)
+        expect(phone.locator("h1")).to_have_text(worker_id)
+        no_horizontal_scroll(phone)
+        shot(phone, f"phone-worker-{backend}")
+        assert phone_alerts.alerts == []
 
     sdk.files.create(file=(f"{HOSTILE}.jsonl", b"{}\n"), purpose="batch")
     page.goto(server.url + "/dashboard/files")
-    expect(page.locator('#files [data-field="filename"]')).to_have_text(f"{HOSTILE}.jsonl")
+    expect(page.locator('#files [data-field="filename"]').first).to_have_text(f"{HOSTILE}.jsonl")
 
     page.goto(server.url + "/dashboard/keys")
     page.fill("input[name=project]", HOSTILE)
@@ -429,3 +460,75 @@ def start_batch_with(sdk: openai.OpenAI, lines: list[bytes], metadata: dict[str,
     )
     wait_status(sdk, batch.id, "in_progress")
     return batch.id
+
+
+def test_webhook_endpoints_page(browser: Browser, settings: Settings, backend: str) -> None:
+    """Create, test, edit, disable, rotate and delete an endpoint from the page, with a real
+    receiver on loopback: every delivery it gets verifies with the secret the page showed."""
+    allowed = fast(settings, admin_key=ADMIN_KEY, webhook_allow_private=True)
+    with running_server(allowed) as server, running_receiver() as receiver:
+        sdk = openai.OpenAI(base_url=server.base_url, api_key=ADMIN_KEY, max_retries=0)
+        sdk.post("/admin/api_keys", body={"project": "team"}, cast_to=dict)
+        page, alerts = open_page(browser, server)
+        log_in(page, server, "/dashboard/webhooks")
+        expect(page.locator('[data-show-empty="webhooks"]')).to_be_visible()
+
+        form = page.locator("#new-webhook")
+        form.locator("select[name=project]").select_option("team")
+        form.locator("input[name=name]").fill(HOSTILE)
+        form.locator("input[name=url]").fill(receiver.url)
+        form.locator('input[value="batch.failed"]').uncheck()
+        form.locator("button[type=submit]").click()
+        expect(form.locator("[data-secret]")).to_be_visible(timeout=20_000)
+        secret = page.locator("#new-webhook-secret").inner_text()
+        assert secret.startswith("whsec_")
+        card = page.locator("#webhooks article.endpoint")
+        expect(card).to_have_count(1)
+        expect(card.locator('h2 [data-field="name"]')).to_have_text(HOSTILE)
+        expect(card.locator('[data-field="project"]')).to_have_text("team")
+        [endpoint] = sdk.webhooks.list(extra_query={"project": "team"}).data
+        assert "batch.failed" not in endpoint.event_types
+
+        card.locator("[data-action=test]").click()
+        expect(page.locator("#flash")).to_have_text("Test event sent: HTTP 200.", timeout=20_000)
+        [delivery] = receiver.wait_for(1)
+        event = sdk.webhooks.unwrap(delivery.body, delivery.headers, secret=secret)
+        assert event.type == "batch.completed" and event.data.id == "batch_test"
+        row = card.locator('[data-list="deliveries"] tr').first
+        expect(row.locator('[data-field="status"]')).to_have_text("delivered")
+        expect(row.locator('[data-field="http"]')).to_have_text("200")
+        expect(row.locator('[data-field="latency"]')).to_contain_text(" ms")
+
+        card.locator("details.edit summary").click()
+        card.locator("form input[name=name]").fill("nightly")
+        card.locator("form button[type=submit]").click()
+        expect(card.locator('h2 [data-field="name"]')).to_have_text("nightly")
+        card.locator("[data-action=toggle]").click()
+        expect(card.locator('h2 [data-field="state"]')).to_have_text("disabled")
+        assert sdk.webhooks.retrieve(endpoint.id).model_extra == {"enabled": False}
+
+        card.locator("[data-action=rotate]").click()  # confirm() is accepted by Alerts
+        expect(card.locator("[data-secret]")).to_be_visible(timeout=20_000)
+        rotated = card.locator("[data-secret-value]").inner_text()
+        assert rotated.startswith("whsec_") and rotated != secret
+        receiver.answer = lambda _n: 503
+        card.locator("[data-action=test]").click()
+        expect(page.locator("#flash")).to_have_text("Test event sent: HTTP 503.", timeout=20_000)
+        failed = receiver.wait_for(2)[1]
+        assert sdk.webhooks.unwrap(failed.body, failed.headers, secret=rotated).type
+        row = card.locator('[data-list="deliveries"] tr').first
+        expect(row.locator('[data-field="status"]')).to_have_text("failed")
+        expect(row.locator('[data-field="last_error"]')).to_have_text("HTTP 503:")
+        shot(page, f"webhooks-{backend}")
+
+        phone, phone_alerts = phone_page(browser, server, page)
+        phone.goto(server.url + "/dashboard/webhooks")
+        expect(phone.locator("#webhooks article.endpoint")).to_have_count(1)
+        no_horizontal_scroll(phone)
+        shot(phone, f"phone-webhooks-{backend}")
+
+        card.locator("[data-action=delete]").click()
+        expect(card).to_have_count(0)
+        with pytest.raises(openai.NotFoundError):
+            sdk.webhooks.retrieve(endpoint.id)
+        assert alerts.alerts == [] and phone_alerts.alerts == []

@@ -346,16 +346,24 @@ def _check_limits(http: httpx.Client) -> None:
     error = assert_error(
         post(Part("purpose", b"batch"), Part("file", b"x" * 1001, filename=b"a.jsonl")), 413
     )
-    assert "1000 bytes" in error["message"]
-    assert_error(
+    # Sizes in human units, with the setting that sets the limit.
+    assert error["message"] == (
+        "The Batch API input file is larger than the limit of 1 kB "
+        "(OVERNIGHT_MAX_BATCH_FILE_BYTES)."
+    )
+    late = assert_error(
         post(Part("file", b"x" * 1001, filename=b"a.jsonl"), Part("purpose", b"batch")), 413
+    )
+    assert late["message"] == (
+        "The Batch API input file is 1,001 bytes; the limit is 1,000 bytes "
+        "(OVERNIGHT_MAX_BATCH_FILE_BYTES)."
     )
     # Other purposes have the general limit.
     assert post(Part("purpose", b"user_data"), Part("file", b"x" * 3000, filename=b"a")).is_success
     assert_error(
         post(Part("purpose", b"user_data"), Part("file", b"x" * 4001, filename=b"a")),
         413,
-        message="4000 bytes",
+        message="The file is larger than the limit of 4 kB (OVERNIGHT_MAX_FILE_BYTES).",
     )
     # A declared Content-Length past the limit is refused before the body is read.
     huge = http.post(
@@ -363,7 +371,11 @@ def _check_limits(http: httpx.Client) -> None:
         content=b"x" * (4000 + (1 << 20) + 1),
         headers=content_type(),
     )
-    assert_error(huge, 413, message="Request body too large")
+    assert_error(
+        huge,
+        413,
+        message="The request body is 1.1 MB; the limit is 4 kB (OVERNIGHT_MAX_FILE_BYTES).",
+    )
 
 
 def test_batch_file_without_extension_is_judged_by_its_content(

@@ -4,17 +4,21 @@ Built-in kinds go through `kubernetes-validate` (the API's own OpenAPI schemas, 
 an unknown field is an error); KEDA's ScaledObject through its CRD's schema.
 """
 
+import re
 from pathlib import Path
 from typing import Any
 
 import httpx
 import jsonschema
 import kubernetes_validate
+import openai
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.config import DEFAULT_MODELS, Settings
+from tests import batch_sim
+from tests.engine_fixtures import wait_status
 from tests.harness import running_server
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -118,13 +122,47 @@ def test_a_gpu_worker_deployment_per_model_that_outlasts_its_drain() -> None:
         assert deployment["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"]
 
 
-def test_workers_scale_on_a_metric_the_api_exports(settings: Settings) -> None:
-    [scaled] = by_kind("ScaledObject").values()
-    assert scaled["spec"]["scaleTargetRef"]["name"] in by_kind("Deployment")
-    [trigger] = scaled["spec"]["triggers"]
-    assert trigger["type"] == "prometheus"
+def test_each_model_scales_on_its_own_queue(settings: Settings) -> None:
+    """Every worker Deployment has a ScaledObject whose query, run on what the API exports,
+    is that model's queue: the requests of a batch for one model move only its query."""
+    workers = {n: d for n, d in by_kind("Deployment").items() if n.startswith("overnight-worker-")}
+    scaled = {s["spec"]["scaleTargetRef"]["name"]: s for s in by_kind("ScaledObject").values()}
+    assert scaled.keys() == workers.keys()
+    queries = {}
+    for name, deployment in workers.items():
+        [trigger] = scaled[name]["spec"]["triggers"]
+        assert trigger["type"] == "prometheus"
+        queries[container(deployment)["command"][2]] = trigger["metadata"]["query"]
     with running_server(settings) as server:
-        exported = httpx.get(f"{server.url}/metrics", timeout=30).text
-    names = {f.name for f in text_string_to_metric_families(exported)}
-    metric = "overnight_queue_requests"
-    assert metric in names and metric in trigger["metadata"]["query"]
+        idle = evaluate_all(queries, server.url)
+        client = openai.OpenAI(base_url=server.base_url, api_key="sk-test", max_retries=0)
+        f = client.files.create(file=("in.jsonl", batch_sim.requests_file(7)), purpose="batch")
+        batch = client.batches.create(
+            input_file_id=f.id, endpoint=batch_sim.CHAT, completion_window="24h"
+        )
+        wait_status(client, batch.id, "in_progress")
+        queued = evaluate_all(queries, server.url)
+    assert idle == {model: 0 for model in queries}, "an idle model's query has a value: 0"
+    assert queued == {model: 7 if model == batch_sim.MODEL else 0 for model in queries}
+
+
+QUERY = re.compile(r'^max\((?P<name>\w+)\{model="(?P<model>[^"]+)"\}\)$')
+
+
+def evaluate_all(queries: dict[str, str], url: str) -> dict[str, float]:
+    """Each query (`max(metric{model="…"})`, the one form the manifests use) on `/metrics`."""
+    exported = list(text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=30).text))
+    values = {}
+    for model, query in queries.items():
+        match = QUERY.match(query)
+        assert match, f"not max(metric{{model=...}}): {query}"
+        assert match["model"] == model, f"{model}'s workers scale on {match['model']}'s queue"
+        samples = [
+            s.value
+            for family in exported
+            for s in family.samples
+            if s.name == match["name"] and s.labels == {"model": model}
+        ]
+        assert samples, f"{query} matches nothing the API exports"
+        values[model] = max(samples)
+    return values

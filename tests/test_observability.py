@@ -22,6 +22,7 @@ from app.logging import JsonFormatter, access_log
 from tests import batch_sim
 from tests.harness import RunningServer
 from worker import registry
+from worker.engine import EngineStats
 
 
 def metrics(http: httpx.Client) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -73,7 +74,12 @@ def test_metrics_follow_batches_and_workers(
     http: httpx.Client, client: openai.OpenAI, settings: Settings
 ) -> None:
     before = metrics(http)
-    assert before[("overnight_queue_requests", ())] == 0
+    queue = ("overnight_queue_requests", (("model", batch_sim.MODEL),))
+    # Every served model has a queue series, 0 when nothing waits for it.
+    assert {labels for name, labels in before if name == queue[0]} == {
+        (("model", m.name),) for m in settings.models
+    }
+    assert before[queue] == 0
     assert before[("overnight_batches", (("status", "in_progress"),))] == 0
     assert not any(name == "overnight_requests_total" for name, _labels in before)
     assert not any(name.endswith("_created") for name, _labels in before)
@@ -91,11 +97,12 @@ def test_metrics_follow_batches_and_workers(
     written = batch_sim.run_shard(settings, claim, limit=3)
     with session_scope(settings) as session:
         registry.register(session, "w-1", batch_sim.MODEL)
-        registry.heartbeat(session, "w-1", claim.shard_id, 42.5)
+        registry.heartbeat(session, "w-1", claim.shard_id, 42.5, EngineStats(3, 5, 0.25))
 
     now = metrics(http)
     assert now[("overnight_batches", (("status", "in_progress"),))] == 1
-    assert now[("overnight_queue_requests", ())] == 10 - written
+    assert now[queue] == 10 - written
+    assert now[("overnight_queue_requests", (("model", "all-MiniLM-L6-v2"),))] == 0
     live = client.batches.retrieve(batch.id).request_counts
     assert live is not None
     model = ("model", batch_sim.MODEL)
@@ -115,6 +122,9 @@ def test_metrics_follow_batches_and_workers(
     worker = (("model", batch_sim.MODEL), ("worker", "w-1"))
     assert now[("overnight_worker_tokens_per_second", worker)] == 42.5
     assert now[("overnight_worker_busy", worker)] == 1
+    assert now[("overnight_worker_engine_running_requests", worker)] == 3
+    assert now[("overnight_worker_engine_waiting_requests", worker)] == 5
+    assert now[("overnight_worker_kv_cache_usage_ratio", worker)] == 0.25
     assert now[("overnight_workers", (("model", batch_sim.MODEL),))] == 1
     # Latency is labelled by route template, never by raw id.
     routes = {

@@ -305,7 +305,13 @@ def test_part_size_limit(settings: Settings) -> None:
         ok = http.post(f"/v1/uploads/{upload['id']}/parts", files={"data": ("d", b"x" * 1000)})
         assert ok.status_code == 200
         too_big = http.post(f"/v1/uploads/{upload['id']}/parts", files={"data": ("d", b"x" * 1001)})
-        assert_error(too_big, 413, param="data", message="1000 bytes")
+        assert_error(
+            too_big,
+            413,
+            param="data",
+            message="The upload part is larger than the limit of 1 kB "
+            "(OVERNIGHT_MAX_UPLOAD_PART_BYTES).",
+        )
         assert part_keys(small, upload["id"]) == [f"uploads/{upload['id']}/{ok.json()['id']}"]
         assert list((small.storage_dir / ".tmp").iterdir()) == []
 
@@ -321,3 +327,18 @@ def test_parts_need_data(http: httpx.Client) -> None:
         headers=content_type(),
     )
     assert_error(response, 400, param="data", message="Missing required parameter: 'data'")
+
+
+def test_an_upload_past_the_limit_says_so_in_human_units(http: httpx.Client) -> None:
+    declared = {"filename": "big.jsonl", "mime_type": "application/jsonl"}
+    batch = http.post("/v1/uploads", json={**declared, "purpose": "batch", "bytes": 210_000_000})
+    assert_error(
+        batch,
+        400,
+        param="bytes",
+        message="Invalid 'bytes': an upload with purpose 'batch' is 210 MB; the limit is 200 MB "
+        "(OVERNIGHT_MAX_BATCH_FILE_BYTES).",
+    )
+    other = {**declared, "filename": "big.bin", "mime_type": "application/octet-stream"}
+    huge = http.post("/v1/uploads", json={**other, "purpose": "user_data", "bytes": 9 * 10**9})
+    assert_error(huge, 400, message="is 9 GB; the limit is 8 GB (OVERNIGHT_MAX_UPLOAD_BYTES).")

@@ -238,7 +238,12 @@ def test_file_over_the_size_limit(db: Settings) -> None:
     limited = db.model_copy(update={"max_batch_file_bytes": len(data) - 1})
     batch = validate(limited, data)
     assert problems(batch) == [("file_too_large", None)]
-    assert (batch.errors or [])[0]["param"] == "input_file_id"
+    [error] = batch.errors or []
+    assert error["param"] == "input_file_id"
+    assert error["message"] == (
+        f"The batch input file is {len(data):,} bytes; the limit is {len(data) - 1:,} bytes "
+        "(OVERNIGHT_MAX_BATCH_FILE_BYTES)."
+    )
     assert validate(db.model_copy(update={"max_batch_file_bytes": len(data)}), data).status == (
         "in_progress"
     )

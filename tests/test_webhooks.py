@@ -7,11 +7,8 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -30,68 +27,19 @@ from app.db.session import session_scope, upgrade
 from app.schemas.batches import CreateBatchRequest
 from app.schemas.webhooks import CreateWebhookEndpointRequest
 from app.services import batches, webhook_endpoints
-from app.services.auth import DEFAULT_PROJECT, create_key, ensure_project
+from app.services.auth import DEFAULT_PROJECT, Principal, create_key, ensure_project
 from app.services.webhook_targets import TargetRefused, pin
 from tests import batch_sim as sim
 from tests.harness import free_port, running_server
+from tests.webhook_receiver import Received, Receiver, running_receiver
 
 ALL_EVENTS = ["batch.completed", "batch.failed", "batch.expired", "batch.cancelled"]
 
 
-@dataclass
-class Received:
-    headers: dict[str, str]
-    body: bytes
-    at: float
-
-
-@dataclass
-class Receiver:
-    """A real HTTP server on loopback. `answer(n)` says what the n-th request (1-based) gets:
-    a status code, or a number of seconds to hang before answering 200."""
-
-    answer: Callable[[int], int | float] = lambda _n: 200
-    received: list[Received] = field(default_factory=list)
-    url: str = ""
-
-    def wait_for(self, count: int, timeout: float = 30) -> list[Received]:
-        deadline = time.monotonic() + timeout
-        while len(self.received) < count:
-            assert time.monotonic() < deadline, f"{len(self.received)} of {count} deliveries"
-            time.sleep(0.05)
-        return self.received
-
-
 @pytest.fixture
 def receiver() -> Iterator[Receiver]:
-    state = Receiver()
-    lock = threading.Lock()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = self.rfile.read(int(self.headers["content-length"]))
-            with lock:
-                state.received.append(Received(dict(self.headers), body, time.time()))
-                answer = state.answer(len(state.received))
-            if isinstance(answer, float):
-                time.sleep(answer)
-                answer = 200
-            self.send_response(answer)
-            self.send_header("content-length", "0")
-            self.end_headers()
-
-        def log_message(self, *_args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    state.url = f"http://127.0.0.1:{server.server_address[1]}/hook"
-    try:
+    with running_receiver() as state:
         yield state
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @pytest.fixture
@@ -249,7 +197,7 @@ def test_a_delivery_survives_a_sigkilled_deliverer_and_a_restart(
         endpoint = webhook_endpoints.create_endpoint(
             session,
             fast,
-            project_id,
+            Principal(project_id, "member"),
             CreateWebhookEndpointRequest(name="k", url=receiver.url, event_types=ALL_EVENTS),
         )
     batch_id = create_batch(fast, b"not json\n")
@@ -327,6 +275,30 @@ def test_endpoints_are_per_project_and_urls_must_be_public(settings: Settings) -
         with pytest.raises(openai.NotFoundError):
             ops.webhooks.retrieve(created.id)
 
+        # An admin key manages another project's endpoints by naming it; a member cannot.
+        for_bob = ops.webhooks.create(
+            name="b",
+            url="https://93.184.216.34/bob",
+            event_types=["batch.completed"],
+            extra_body={"project": "bob"},
+        )
+        assert [e.id for e in sdk(server.base_url, bob).webhooks.list().data] == [for_bob.id]
+        ops.webhooks.create(name="o", url="https://93.184.216.34/ops", event_types=ALL_EVENTS)
+        only_bob = ops.webhooks.list(extra_query={"project": "bob"}).data
+        assert [e.id for e in only_bob] == [for_bob.id]
+        assert len(ops.webhooks.list().data) == 2
+        with pytest.raises(openai.PermissionDeniedError, match="Only an admin key"):
+            sdk(server.base_url, alice).webhooks.create(
+                name="x",
+                url="https://93.184.216.34/x",
+                event_types=ALL_EVENTS,
+                extra_body={"project": "bob"},
+            )
+        with pytest.raises(openai.PermissionDeniedError):
+            sdk(server.base_url, alice).webhooks.list(extra_query={"project": "bob"})
+        with pytest.raises(openai.NotFoundError, match="No such project"):
+            ops.webhooks.list(extra_query={"project": "nope"})
+
 
 @pytest.mark.parametrize(
     "url",
@@ -396,6 +368,10 @@ def test_the_cli_manages_endpoints(
             "nightly",
             sorted(ALL_EVENTS),
         )
+        code, listed, _ = overnight("webhooks", "list", "--project", DEFAULT_PROJECT, "--json")
+        assert code == 0 and [r["id"] for r in json.loads(listed)] == [endpoint_id]
+        code, _, err = overnight("webhooks", "create", receiver.url, "--project", "nope")
+        assert code == 1 and "No such project: 'nope'" in err
         code, out, _ = overnight("webhooks", "test", endpoint_id, "--event", "batch.failed")
         assert (code, out.strip()) == (0, f"batch.failed sent to {endpoint_id}: HTTP 200")
         assert unwrap(secret.strip(), receiver.received[0]).type == "batch.failed"

@@ -15,12 +15,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
+import orjson
 import psutil
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import update
 
-from app.db.models import Batch
+from app.db.models import Batch, RegisteredWorker
 from app.db.session import session_scope
 from app.schemas.batches import CreateBatchRequest
 from app.services.auth import ensure_project
@@ -155,6 +158,41 @@ def test_chat_batch_equals_vllm_offline(
     bodies = [by_id[f"chat-{i}"]["response"]["body"]["usage"] for i in range(5)]
     assert usage.output_tokens == sum(u["completion_tokens"] for u in bodies)
     assert usage.input_tokens == sum(u["prompt_tokens"] for u in bodies)
+
+
+def test_engine_gauges_reach_metrics_and_the_log_is_one_json_stream(local: Deployment) -> None:
+    """vLLM's scheduler stats go through the heartbeat to the API's /metrics; the worker's
+    output (vLLM's own lines and its engine process's included) is JSON lines only."""
+    worker = ("worker", "chat-1")
+    lines = [chat_line(f"g{i}", max_tokens=48, ignore_eos=True) for i in range(24)]
+    seen: dict[str, float] = {}
+    with local.client() as client, httpx.Client(base_url=local.server.url) as http:
+        batch_id = start_batch(client, jsonl(lines))
+        deadline = time.monotonic() + 180
+        while client.batches.retrieve(batch_id).status != "completed":
+            assert time.monotonic() < deadline, f"{batch_id} did not complete"
+            for family in text_string_to_metric_families(http.get("/metrics").text):
+                for sample in family.samples:
+                    if dict(sample.labels).get("worker") == worker[1]:
+                        seen[sample.name] = max(seen.get(sample.name, 0.0), sample.value)
+            time.sleep(0.2)
+    assert seen["overnight_worker_engine_running_requests"] > 0
+    assert 0 < seen["overnight_worker_kv_cache_usage_ratio"] <= 1
+    with session_scope(local.settings) as session:
+        row = session.get(RegisteredWorker, "chat-1")
+        assert row is not None and row.engine_configuration is not None
+        effective = row.engine_configuration["effective"]
+    assert effective["max_model_len"] == 2048 and effective["kv_cache_tokens"] > 0
+    assert row.engine_configuration["arguments"]["enforce_eager"] is True
+
+    records = [
+        orjson.loads(raw) for raw in local.workers["chat-1"].log_path.read_bytes().splitlines()
+    ]
+    vllm = [r for r in records if r["logger"].startswith("vllm")]
+    assert vllm, "vLLM's lines are in the stream"
+    assert {"EngineCore"} <= {r.get("process") for r in vllm}
+    assert {r["level"] for r in vllm} <= {"warning", "error", "critical"}
+    assert any(r["logger"] == "overnight.worker" for r in records)
 
 
 def test_completions_batch(local: Deployment) -> None:

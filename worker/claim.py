@@ -99,6 +99,7 @@ def claim_statement(
         .values(
             status=ShardStatus.RUNNING,
             lease_owner=owner,
+            last_owner=owner,
             lease_epoch=Shard.lease_epoch + 1,
             heartbeat_at=now,
             attempts=Shard.attempts + 1,

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from app.config import Settings
+from app.logging import is_text
 from worker.models import (
     BUNDLED_NAMES,
     ModelNotFoundError,
@@ -118,7 +119,7 @@ def own_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def vllm_parser() -> argparse.ArgumentParser:
+def vllm_parser(progress_bars: bool = True) -> argparse.ArgumentParser:
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.entrypoints.launchers.cli_args import BaseFrontendArgs
     from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -128,6 +129,9 @@ def vllm_parser() -> argparse.ArgumentParser:
     parser = AsyncEngineArgs.add_cli_args(parser)
     # Batch bodies should carry cached_tokens as OpenAI's do.
     parser.set_defaults(enable_prompt_tokens_details=True)
+    if not progress_bars:
+        # A weight-loading bar in a JSON log stream is a line no collector can parse.
+        parser.set_defaults(use_tqdm_on_load=False)
     if _on_cpu():
         # torch.compile needs a C++ toolchain and minutes of start-up for a small gain on CPU.
         parser.set_defaults(enforce_eager=True)
@@ -177,7 +181,7 @@ def parse(argv: Sequence[str] | None, settings: Settings) -> tuple[argparse.Name
         settings = settings.model_copy(update={"data_dir": Path(ours.data_dir)})
     # Before vLLM (and with it huggingface_hub, which reads the variable once) is imported.
     stay_offline_for(source_of(ours.model, settings.models))
-    args = vllm_parser().parse_args(rest)
+    args = vllm_parser(progress_bars=is_text(settings.log_format)).parse_args(rest)
     if ours.online_port is not None and not _given(rest, "--scheduling-policy"):
         # Online requests first: vLLM's scheduler admits lower priority values first.
         args.scheduling_policy = "priority"
@@ -266,11 +270,12 @@ def main(argv: Sequence[str] | None = None, settings: Settings | None = None) ->
     import asyncio
 
     from app.config import get_settings
-    from app.logging import configure_logging
+    from app.logging import configure_logging, route_vllm_logs
     from worker import process
 
     settings = settings or get_settings()
     configure_logging(settings.log_level, settings.log_format)
+    route_vllm_logs(settings.log_level, settings.log_format)
     try:
         args, settings = parse(argv, settings)
     except ModelNotFoundError as exc:

@@ -48,11 +48,26 @@ class EngineResult:
         return 200 <= self.status_code < 300
 
 
+@dataclass(frozen=True)
+class EngineStats:
+    """The engine scheduler's latest step, as vLLM's own stat loggers receive it."""
+
+    running: int = 0
+    waiting: int = 0
+    kv_cache_usage: float = 0.0  # the fraction of the KV cache's blocks in use
+
+
 class Engine(Protocol):
     """What the scheduler needs from an engine; `tests` have a scripted fake of it."""
 
     served_names: list[str]
     max_num_seqs: int
+    # The engine's settings as it runs them, for the dashboard (JSON-able).
+    configuration: dict[str, Any]
+
+    def stats(self) -> EngineStats:
+        """The latest gauges of the engine's scheduler."""
+        ...
 
     async def run(self, endpoint: str, body: dict[str, Any], request_id: str) -> EngineResult:
         """Answer one request body; never raises for a bad request (that is a 4xx result)."""
@@ -168,6 +183,8 @@ class VllmEngine:
         state: Any,
         args: Namespace,
         served_names: list[str],
+        gauges: "Gauges",
+        configuration: dict[str, Any],
         app: Any = None,
     ) -> None:
         from vllm.entrypoints.serve.engine.protocol import ErrorResponse
@@ -183,6 +200,8 @@ class VllmEngine:
         self.traffic = OnlineTraffic() if app is not None else None
         if self.traffic is not None:
             _observe_online(engine_client, self.traffic)
+        self.configuration = configuration
+        self._gauges = gauges
         self._running: dict[str, str] = {}
         self._error_type = ErrorResponse
         self._dead_type = VllmEngineDead
@@ -234,6 +253,9 @@ class VllmEngine:
             payload = response.model_dump(mode="json")
             return EngineResult(200, payload, usage_of(payload))
         return error_result(500, "The engine returned a stream for a non-streaming request.")
+
+    def stats(self) -> EngineStats:
+        return self._gauges.latest
 
     async def abort(self, request_ids: Iterable[str]) -> None:
         # Cancelling a request's task aborts it too; this covers requests still queued.
@@ -328,25 +350,113 @@ def _validation_param(exc: Exception) -> str | None:
     return str(items[0]["loc"][0])
 
 
+class Gauges:
+    """Keeps the latest scheduler stats that vLLM hands its stat loggers (per engine step).
+
+    It is registered as a custom stat logger: vLLM then collects scheduler stats without
+    its default loggers (no periodic log lines, no second Prometheus registry).
+    """
+
+    def __init__(self) -> None:
+        self.latest = EngineStats()
+
+    def logger(self, _vllm_config: Any, _engine_index: int = 0) -> Any:
+        """A `PerEngineStatLoggerFactory`: vLLM calls it once per engine."""
+        from vllm.v1.metrics.loggers import StatLoggerBase
+
+        gauges = self
+
+        class GaugeLogger(StatLoggerBase):
+            def __init__(self, _config: Any = None, _index: int = 0) -> None:
+                pass
+
+            def record(
+                self,
+                scheduler_stats: Any,
+                iteration_stats: Any,
+                mm_cache_stats: Any = None,
+                engine_idx: int = 0,
+            ) -> None:
+                if scheduler_stats is not None:
+                    gauges.latest = EngineStats(
+                        running=scheduler_stats.num_running_reqs,
+                        waiting=scheduler_stats.num_waiting_reqs
+                        + scheduler_stats.num_skipped_waiting_reqs,
+                        kv_cache_usage=float(scheduler_stats.kv_cache_usage),
+                    )
+
+            def log_engine_initialized(self) -> None:
+                pass
+
+        return GaugeLogger()
+
+
+def configuration_of(vllm_config: Any, engine_args: Any) -> dict[str, Any]:
+    """What the engine runs with, after vLLM sized it, and the arguments that differ from
+    vLLM's defaults (secrets redacted), as `vllm serve` logs them."""
+    import dataclasses
+
+    from vllm.entrypoints.serve.utils.api_utils import redact_sensitive_args
+
+    model, cache = vllm_config.model_config, vllm_config.cache_config
+    scheduler, parallel = vllm_config.scheduler_config, vllm_config.parallel_config
+    blocks = cache.num_gpu_blocks or 0
+    effective = {
+        "model": model.model,
+        "dtype": str(model.dtype).removeprefix("torch."),
+        "max_model_len": model.max_model_len,
+        "max_num_seqs": scheduler.max_num_seqs,
+        "max_num_batched_tokens": scheduler.max_num_batched_tokens,
+        "tensor_parallel_size": parallel.tensor_parallel_size,
+        "device": str(vllm_config.device_config.device_type),
+        "kv_cache_tokens": blocks * cache.block_size,
+        "enable_prefix_caching": bool(cache.enable_prefix_caching),
+        "enforce_eager": bool(model.enforce_eager),
+    }
+    defaults = type(engine_args)(model=engine_args.model)
+    given = {
+        f.name: getattr(engine_args, f.name)
+        for f in dataclasses.fields(engine_args)
+        if f.name != "model" and getattr(engine_args, f.name) != getattr(defaults, f.name)
+    }
+    plain = orjson.loads(orjson.dumps(redact_sensitive_args(given), default=str))
+    return {"effective": effective, "arguments": plain}
+
+
 @asynccontextmanager
 async def start_engine(args: Namespace, online: bool = False) -> AsyncIterator[VllmEngine]:
     """Start vLLM from parsed engine arguments; shut it down on exit.
 
     `online`: also build vLLM's own OpenAI app (`vllm serve`'s routes, middleware and
     exception handlers) on the very serving objects that answer batch lines.
+
+    As vLLM's `build_async_engine_client`, but with our stat logger (its helper takes none).
     """
     from starlette.datastructures import State
-    from vllm.entrypoints.launchers.api_server.entry import (
-        build_async_engine_client,
-        init_app_state,
-    )
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.launchers.api_server.entry import init_app_state
     from vllm.entrypoints.launchers.app import build_app
+    from vllm.entrypoints.launchers.cli_args import propagate_flash_late_interaction
     from vllm.usage.usage_lib import UsageContext
+    from vllm.v1.engine.async_llm import AsyncLLM
 
+    engine_args = AsyncEngineArgs.from_cli_args(args)
+    propagate_flash_late_interaction(args, engine_args)
     # vLLM sizes its scheduler (max_num_seqs, max_num_batched_tokens) by usage context; a
     # batch worker is offline throughput work, so it takes the sizes `LLM` gets, not the
     # smaller ones of a latency-bound server. Flags the user sets still win.
-    async with build_async_engine_client(args, usage_context=UsageContext.LLM_CLASS) as client:
+    vllm_config = engine_args.create_engine_config(usage_context=UsageContext.LLM_CLASS)
+    gauges = Gauges()
+    client = AsyncLLM.from_vllm_config(
+        vllm_config=vllm_config,
+        usage_context=UsageContext.LLM_CLASS,
+        enable_log_requests=engine_args.enable_log_requests,
+        aggregate_engine_logging=engine_args.aggregate_engine_logging,
+        disable_log_stats=engine_args.disable_log_stats,
+        stat_loggers=[gauges.logger],
+    )
+    try:
+        await client.reset_mm_cache()
         supported_tasks = await client.get_supported_tasks()
         app = None
         if online:
@@ -355,7 +465,10 @@ async def start_engine(args: Namespace, online: bool = False) -> AsyncIterator[V
         state = app.state if app is not None else State()
         await init_app_state(client, state, args, supported_tasks)
         names = list(args.served_model_name or [args.model])
-        yield VllmEngine(client, state, args, names, app)
+        configuration = configuration_of(client.vllm_config, engine_args)
+        yield VllmEngine(client, state, args, names, gauges, configuration, app)
+    finally:
+        client.shutdown(timeout=vllm_config.shutdown_timeout)
 
 
 def _frontend_defaults(args: Namespace) -> None:

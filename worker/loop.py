@@ -107,7 +107,8 @@ class Worker:
     async def run(self, stop: asyncio.Event) -> int:
         """Work until `stop` is set (0) or something fatal happens (1)."""
         model = self.engine.served_names[0]
-        if not await until_database(self.health, stop, self._db, registry.register, model):
+        registering = (registry.register, model, self.engine.configuration)
+        if not await until_database(self.health, stop, self._db, *registering):
             self.health.set(WorkerState.STOPPED)
             return 0
         self.health.set(WorkerState.READY)
@@ -273,7 +274,11 @@ class Worker:
             current = next(iter(self.active.values()), None)
             try:
                 await asyncio.to_thread(
-                    self._db, registry.heartbeat, current.lease.shard_id if current else None, rate
+                    self._db,
+                    registry.heartbeat,
+                    current.lease.shard_id if current else None,
+                    rate,
+                    self.engine.stats(),
                 )
             except Exception as exc:
                 self._database_failed(exc)

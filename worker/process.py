@@ -30,8 +30,10 @@ def _set_pdeathsig(parent_pid: int) -> None:
 
 
 def _child_prefix() -> str:
+    # The log handler too: what a child logs before vLLM configures it has a home then.
     return (
         f"try:\n import worker.process as _p; _p.die_with_parent({os.getpid()})\n"
+        " import app.logging as _l; _l.configure_child()\n"
         "except ImportError:\n pass\n"
     )
 

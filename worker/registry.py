@@ -1,4 +1,5 @@
-"""The `workers` table: who runs, on which host, serving which model, how fast.
+"""The `workers` table: who runs, on which host, serving which model, how fast, and what its
+engine's scheduler holds (running and waiting requests, KV-cache use) at each heartbeat.
 
 A worker's row is written before its engine starts (`ready_at` unset: loading), kept fresh
 while the engine loads, and marked ready once the engine serves.
@@ -12,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from types import TracebackType
+from typing import Any
 
 from sqlalchemy import update
 from sqlalchemy.orm import Session
@@ -19,6 +21,7 @@ from sqlalchemy.orm import Session
 from app.config import Settings
 from app.db.models import RegisteredWorker
 from app.db.session import session_scope
+from worker.engine import EngineStats
 
 log = logging.getLogger("overnight.worker")
 
@@ -27,10 +30,12 @@ def new_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
 
-def register(session: Session, worker_id: str, model: str) -> None:
+def register(
+    session: Session, worker_id: str, model: str, configuration: dict[str, Any] | None = None
+) -> None:
     """The worker's engine serves: it may take shards from now on."""
     now = time.time()
-    session.merge(_row(worker_id, model, now, ready_at=now))
+    session.merge(_row(worker_id, model, now, ready_at=now, configuration=configuration))
 
 
 def loading(session: Session, worker_id: str, model: str, started_at: float) -> None:
@@ -38,7 +43,13 @@ def loading(session: Session, worker_id: str, model: str, started_at: float) -> 
     session.merge(_row(worker_id, model, started_at, ready_at=None))
 
 
-def _row(worker_id: str, model: str, started_at: float, ready_at: float | None) -> RegisteredWorker:
+def _row(
+    worker_id: str,
+    model: str,
+    started_at: float,
+    ready_at: float | None,
+    configuration: dict[str, Any] | None = None,
+) -> RegisteredWorker:
     return RegisteredWorker(
         id=worker_id,
         host=socket.gethostname(),
@@ -50,12 +61,21 @@ def _row(worker_id: str, model: str, started_at: float, ready_at: float | None) 
         tokens_per_second=0.0,
         stopped_at=None,
         ready_at=ready_at,
+        engine_configuration=configuration,
+        engine_running=0,
+        engine_waiting=0,
+        kv_cache_usage=0.0,
     )
 
 
 def heartbeat(
-    session: Session, worker_id: str, current_shard_id: int | None, tokens_per_second: float
+    session: Session,
+    worker_id: str,
+    current_shard_id: int | None,
+    tokens_per_second: float,
+    engine: EngineStats | None = None,
 ) -> None:
+    engine = engine or EngineStats()
     session.execute(
         update(RegisteredWorker)
         .where(RegisteredWorker.id == worker_id)
@@ -63,6 +83,9 @@ def heartbeat(
             heartbeat_at=time.time(),
             current_shard_id=current_shard_id,
             tokens_per_second=tokens_per_second,
+            engine_running=engine.running,
+            engine_waiting=engine.waiting,
+            kv_cache_usage=engine.kv_cache_usage,
         )
     )
 
@@ -71,7 +94,13 @@ def stopped(session: Session, worker_id: str) -> None:
     session.execute(
         update(RegisteredWorker)
         .where(RegisteredWorker.id == worker_id)
-        .values(stopped_at=time.time(), current_shard_id=None, tokens_per_second=0.0)
+        .values(
+            stopped_at=time.time(),
+            current_shard_id=None,
+            tokens_per_second=0.0,
+            engine_running=0,
+            engine_waiting=0,
+        )
     )
 
 

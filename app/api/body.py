@@ -14,14 +14,15 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.api.nul_bytes import check_json
+from app.core.sizes import SizeLimit, too_large_message
 from app.errors import OpenAIError, validation_error
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
 
-def too_large(limit: int) -> OpenAIError:
+def too_large(limit: SizeLimit, size: int | None = None) -> OpenAIError:
     return OpenAIError(
-        f"Request body too large: at most {limit} bytes are accepted.",
+        too_large_message("The request body", limit, size),
         status_code=413,
         code="request_too_large",
     )
@@ -70,28 +71,28 @@ class BodyTimeoutMiddleware:
         await self.app(scope, receive_in_time, send)
 
 
-def check_declared_length(request: Request, max_body: int) -> None:
+def check_declared_length(request: Request, limit: SizeLimit, overhead: int = 0) -> None:
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > max_body:
-        raise too_large(max_body)
+    if declared.isdigit() and int(declared) > limit.bytes + overhead:
+        raise too_large(limit, int(declared))
 
 
-async def read_body(request: Request, max_body: int) -> bytes:
-    """The whole body, refused (413) as soon as it passes `max_body` bytes."""
-    check_declared_length(request, max_body)
+async def read_body(request: Request, limit: SizeLimit) -> bytes:
+    """The whole body, refused (413) as soon as it passes the limit."""
+    check_declared_length(request, limit)
     received = bytearray()
     try:
         async for chunk in request.stream():
             received += chunk
-            if len(received) > max_body:
-                raise too_large(max_body)
+            if len(received) > limit.bytes:
+                raise too_large(limit)
     except ClientDisconnect:
         raise client_disconnected() from None
     return bytes(received)
 
 
 async def read_json(request: Request, model: type[ModelT]) -> ModelT:
-    raw = await read_body(request, request.app.state.settings.max_json_body_bytes)
+    raw = await read_body(request, request.app.state.settings.size_limit("max_json_body_bytes"))
     try:
         data: Any = orjson.loads(raw) if raw.strip() else {}
     except orjson.JSONDecodeError:

@@ -21,6 +21,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
 from app.api.body import check_declared_length, client_disconnected, too_large
+from app.core.sizes import SizeLimit, human_bytes
 from app.errors import OpenAIError
 
 FLUSH_BYTES = 1 << 20
@@ -169,7 +170,8 @@ class _Collector:
         elif self._mode == "field":
             if len(self._field_value) + end - start > MAX_FIELD_BYTES:
                 raise OpenAIError(
-                    f"The form field '{self._field_name}' is longer than {MAX_FIELD_BYTES} bytes.",
+                    f"The form field '{self._field_name}' is longer than "
+                    f"{human_bytes(MAX_FIELD_BYTES)}.",
                     param=self._field_name,
                 )
             self._field_value += data[start:end]
@@ -197,7 +199,7 @@ def _boundary(content_type: str | None) -> bytes:
 
 
 async def read_multipart(
-    request: Request, *, stream_field: str, open_sink: OpenSink, max_body: int
+    request: Request, *, stream_field: str, open_sink: OpenSink, limit: SizeLimit
 ) -> Form:
     """Parse the body as it arrives, streaming the part named `stream_field` into a sink.
 
@@ -206,7 +208,9 @@ async def read_multipart(
     sink, which the caller then commits or aborts.
     """
     boundary = _boundary(request.headers.get("content-type"))
-    check_declared_length(request, max_body)
+    # The streamed part has its own limit (the sink's); this one bounds the whole form.
+    check_declared_length(request, limit, FORM_OVERHEAD_BYTES)
+    max_body = limit.bytes + FORM_OVERHEAD_BYTES
     collector = _Collector(stream_field, open_sink)
     try:
         parser = MultipartParser(boundary, collector.callbacks())
@@ -218,7 +222,7 @@ async def read_multipart(
         async for chunk in request.stream():
             received += len(chunk)
             if received > max_body:
-                raise too_large(max_body)
+                raise too_large(limit)
             try:
                 parser.write(chunk)
             except MultipartParseError as exc:

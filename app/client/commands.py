@@ -113,7 +113,11 @@ def _webhooks(sub: Any) -> None:
     p.add_argument("url", help="http(s) URL of the receiver")
     p.add_argument("--name", help="default: the URL")
     p.add_argument("--events", **events, help="default: all four batch.* events")
-    _command(group, "list", webhooks.cmd_list, "this project's endpoints", json=True)
+    p.add_argument("--project", help="create it for this project (by name; an admin key only)")
+    p = _command(group, "list", webhooks.cmd_list, "this project's endpoints", json=True)
+    p.add_argument(
+        "--project", help="only this project's (by name); an admin key lists every project's"
+    )
     p = _command(group, "update", webhooks.cmd_update, "change an endpoint's URL, events, state")
     p.add_argument("endpoint_id")
     p.add_argument("--url")

@@ -22,16 +22,23 @@ def _print_secret(endpoint: Any) -> None:
     print(endpoint.signing_secret)
 
 
+def _project(args: argparse.Namespace) -> dict[str, str] | None:
+    return {"project": args.project} if args.project else None
+
+
 def cmd_create(args: argparse.Namespace) -> int:
     endpoint = client(args).webhooks.create(
-        name=args.name or args.url, url=args.url, event_types=args.events or ALL_EVENTS
+        name=args.name or args.url,
+        url=args.url,
+        event_types=args.events or ALL_EVENTS,
+        extra_body=_project(args),
     )
     _print_secret(endpoint)
     return 0
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    endpoints = client(args).webhooks.list(limit=100).data
+    endpoints = client(args).webhooks.list(limit=100, extra_query=_project(args)).data
     if args.json:
         output.print_json(endpoints)
         return 0

@@ -9,9 +9,10 @@ from urllib.parse import urlencode
 
 from sqlalchemy.orm import Session
 
+from app.core.sizes import human_bytes
 from app.dashboard import views
 from app.errors import OpenAIError, not_found
-from app.services import file_expiry, keys, monitoring, online_usage
+from app.services import file_expiry, keys, monitoring, online_usage, webhook_endpoints
 from app.services.batch_search import find_custom_id
 from app.services.files import open_file_content, preview_file
 from app.services.fleet import fleet
@@ -74,7 +75,7 @@ def batch_rows(session: Session, storage: Storage, query: BatchQuery) -> dict[st
     if query.custom_id:
         found = find_custom_id(session, storage, query.where(), query.custom_id, limit=query.limit)
         found_views, next_after = found.views, found.next_after
-        note = f"Searched {views.fmt_bytes(found.scanned_bytes)} of input files for this custom_id"
+        note = f"Searched {human_bytes(found.scanned_bytes)} of input files for this custom_id"
         note += ", newest first; older batches follow on the next page." if next_after else "."
     else:
         page = monitoring.list_batches(session, query.where(), limit=query.limit)
@@ -102,6 +103,21 @@ def worker_rows(session: Session, lease: float) -> list[views.Row]:
 def online_rows(session: Session) -> list[views.Row]:
     """Each project's use of the workers' online APIs, by model."""
     return [views.online_row(row) for row in online_usage.totals(session)]
+
+
+def worker_detail(session: Session, worker_id: str, lease: float) -> views.Row:
+    view = monitoring.get_worker(session, worker_id, lease)
+    if view is None:
+        raise not_found("Worker", worker_id)
+    return views.worker_detail(view, monitoring.recent_shards(session, worker_id), time.time())
+
+
+def webhook_rows(session: Session) -> list[views.Row]:
+    return [views.webhook_row(*found) for found in webhook_endpoints.every_endpoint(session)]
+
+
+def webhooks_page(session: Session) -> dict[str, Any]:
+    return {"rows": webhook_rows(session), "projects": monitoring.list_projects(session)}
 
 
 def key_rows(session: Session) -> list[views.Row]:

@@ -3,6 +3,7 @@
 Every read and write goes through a service in a `uow.run` (one committed transaction).
 """
 
+import asyncio
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import quote
@@ -22,7 +23,7 @@ from app.api.body import read_json
 from app.api.deps import AccessDep, PrincipalCacheDep, SettingsDep, StorageDep, UnitOfWorkDep
 from app.api.routes.batches import run_retry
 from app.api.unit_of_work import UnitOfWork
-from app.core.states import BatchStatus
+from app.core.states import BatchStatus, WebhookEventType
 from app.dashboard import content, views
 from app.dashboard.auth import (
     COOKIE,
@@ -32,8 +33,11 @@ from app.dashboard.auth import (
     is_admin_key,
     safe_next,
 )
+from app.errors import OpenAIError
 from app.schemas.admin import CreateApiKeyRequest, UpdateProjectRequest
-from app.services import batches, file_expiry, keys, schedule
+from app.schemas.webhooks import CreateWebhookEndpointRequest, UpdateWebhookEndpointRequest
+from app.services import batches, file_expiry, keys, schedule, webhook_delivery, webhook_endpoints
+from app.services.auth import Principal
 from app.services.housekeeping import FINALIZATION, wake
 from app.version import overnight_version
 
@@ -199,6 +203,21 @@ async def workers_page(
     return await _page(request, uow, "workers.html", rows=rows, online=online)
 
 
+@router.get("/workers/{worker_id}", response_class=HTMLResponse)
+async def worker_page(
+    request: Request, worker_id: str, _login: PageLogin, uow: UnitOfWorkDep, settings: SettingsDep
+) -> Response:
+    worker = await uow.run(content.worker_detail, worker_id, settings.lease_seconds)
+    return await _page(request, uow, "worker.html", worker=worker)
+
+
+@router.get("/webhooks", response_class=HTMLResponse)
+async def webhooks_page(request: Request, _login: PageLogin, uow: UnitOfWorkDep) -> Response:
+    return await _page(
+        request, uow, "webhooks.html", **await uow.run(content.webhooks_page), events=ALL_EVENTS
+    )
+
+
 @router.get("/keys", response_class=HTMLResponse)
 async def keys_page(request: Request, _login: PageLogin, uow: UnitOfWorkDep) -> Response:
     return await _page(request, uow, "keys.html", **await uow.run(content.keys_page))
@@ -272,6 +291,13 @@ async def workers_feed(
     return {"rows": await uow.run(content.worker_rows, settings.lease_seconds)}
 
 
+@router.get("/api/workers/{worker_id}")
+async def worker_feed(
+    worker_id: str, _login: ApiLogin, uow: UnitOfWorkDep, settings: SettingsDep
+) -> dict[str, Any]:
+    return await uow.run(content.worker_detail, worker_id, settings.lease_seconds)
+
+
 @router.get("/api/files")
 async def files_feed(
     _login: ApiLogin, uow: UnitOfWorkDep, project: str = "", purpose: str = ""
@@ -331,3 +357,65 @@ async def revoke_key(
     key = await uow.run(keys.revoke_key, key_id, admin_key_configured=bool(settings.admin_key))
     principals.clear()  # refused by this process from the next request on
     return {"id": key.id}
+
+
+# --- webhook endpoints: any project's, as an admin key manages them through the API ----------
+
+ALL_EVENTS = [str(event) for event in WebhookEventType]
+# The dashboard acts as an admin; its project is only used when a form names none.
+DASHBOARD_ADMIN = Principal(project_id="", role="admin")
+
+
+@router.get("/api/webhooks")
+async def webhooks_feed(_login: ApiLogin, uow: UnitOfWorkDep) -> dict[str, Any]:
+    return {"rows": await uow.run(content.webhook_rows)}
+
+
+@router.post("/api/webhooks")
+async def create_webhook(
+    request: Request, _login: ApiLogin, uow: UnitOfWorkDep, settings: SettingsDep
+) -> dict[str, Any]:
+    """The signing secret is in the answer, once."""
+    params = await read_json(request, CreateWebhookEndpointRequest)
+    if not params.project:
+        raise OpenAIError("Choose the project the endpoint is for.", param="project")
+    created = await uow.run(webhook_endpoints.create_endpoint, settings, DASHBOARD_ADMIN, params)
+    return {"id": created.id, "secret": created.signing_secret}
+
+
+@router.post("/api/webhooks/{endpoint_id}")
+async def update_webhook(
+    endpoint_id: str, request: Request, _login: ApiLogin, uow: UnitOfWorkDep, settings: SettingsDep
+) -> dict[str, str]:
+    params = await read_json(request, UpdateWebhookEndpointRequest)
+    await uow.run(webhook_endpoints.update_endpoint, settings, None, endpoint_id, params)
+    return {"id": endpoint_id}
+
+
+@router.post("/api/webhooks/{endpoint_id}/{change}")
+async def change_webhook(
+    endpoint_id: str,
+    change: str,
+    _login: ApiLogin,
+    uow: UnitOfWorkDep,
+    settings: SettingsDep,
+) -> dict[str, Any]:
+    """enable, disable, delete, rotate (the new secret, once) or test (a sample event now)."""
+    if change in ("enable", "disable"):
+        enabled = UpdateWebhookEndpointRequest.model_validate({"enabled": change == "enable"})
+        await uow.run(webhook_endpoints.update_endpoint, settings, None, endpoint_id, enabled)
+        return {"id": endpoint_id}
+    if change == "delete":
+        return {"id": await uow.run(webhook_endpoints.delete_endpoint, None, endpoint_id)}
+    if change == "rotate":
+        rotated = await uow.run(webhook_endpoints.rotate_secret, None, endpoint_id, False)
+        return {"id": endpoint_id, "secret": rotated.signing_secret}
+    if change == "test":
+        test = await uow.run(
+            webhook_delivery.prepare_test, None, endpoint_id, WebhookEventType.BATCH_COMPLETED
+        )
+        attempt = await asyncio.to_thread(webhook_delivery.send, settings, test.due)
+        await uow.run(webhook_delivery.record_test, test, attempt)
+        outcome = f"HTTP {attempt.status_code}" if attempt.status_code else attempt.error
+        return {"id": endpoint_id, "message": f"Test event sent: {outcome}."}
+    raise OpenAIError(f"Unknown action {change!r}.", status_code=404)

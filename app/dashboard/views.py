@@ -8,12 +8,18 @@ plain data: Jinja escapes them and the script only ever sets `textContent`.
 import math
 import time
 from collections import Counter
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import quote
+
+import orjson
 
 from app.core.progress import Outcomes
+from app.core.sizes import human_bytes
 from app.core.states import CANCELLABLE_BATCH_STATUSES, TERMINAL_BATCH_STATUSES, BatchStatus
-from app.db.models import Batch, File, RegisteredWorker
+from app.core.webhook_signing import secret_hint
+from app.db.models import Batch, File, RegisteredWorker, Shard, WebhookEndpoint
 from app.schemas.admin import WorkerState
 from app.services.files import Preview
 from app.services.fleet import SERVING_STATES, Fleet
@@ -54,15 +60,6 @@ def fmt_duration(seconds: float | None) -> str:
     if hours < 48:
         return f"{hours}h {minutes:02d}m"
     return f"{hours // 24}d {hours % 24}h"
-
-
-def fmt_bytes(size: int) -> str:
-    value = float(size)
-    for unit in ("B", "kB", "MB", "GB"):
-        if value < 1000 or unit == "GB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1000
-    return f"{value:.1f} TB"
 
 
 def file_href(file_id: str | None) -> str:
@@ -221,6 +218,7 @@ def worker_row(view: WorkerView) -> Row:
     w: RegisteredWorker = view.worker
     return {
         "id": w.id,
+        "href": f"/dashboard/workers/{quote(w.id, safe='')}",
         "host": w.host,
         "pid": w.pid,
         "model": w.model,
@@ -256,13 +254,94 @@ def online_row(usage: UsageRow) -> Row:
     }
 
 
+def worker_detail(view: WorkerView, shards: Sequence[Shard], now: float) -> Row:
+    """The worker page: its row, its engine's gauges and configuration, its recent shards."""
+    w = view.worker
+    detail = worker_row(view)
+    live = view.state not in (WorkerState.STOPPED, WorkerState.STALE)
+    usage = 100.0 * w.kv_cache_usage if live else 0.0
+    configuration = w.engine_configuration or {}
+    detail.update(
+        feed=f"/dashboard/api/workers/{quote(w.id, safe='')}",
+        engine_running=w.engine_running if live else 0,
+        engine_waiting=w.engine_waiting if live else 0,
+        kv_cache_pct=round(usage, 1),
+        kv_cache=f"{usage:.1f}%" if live else DASH,
+        effective=_pairs(configuration.get("effective", {})),
+        arguments=_pairs(configuration.get("arguments", {})),
+        stopped=fmt_time(w.stopped_at),
+        shards=[_shard_row(shard, now) for shard in shards],
+    )
+    return detail
+
+
+def _pairs(values: dict[str, Any]) -> list[Row]:
+    return [
+        {"key": key, "value": value if isinstance(value, str) else orjson.dumps(value).decode()}
+        for key, value in values.items()
+    ]
+
+
+def _shard_row(shard: Shard, now: float) -> Row:
+    last = shard.first_line + shard.line_count - 1
+    return {
+        "id": f"{shard.batch_id}#{shard.index}",
+        "batch": shard.batch_id,
+        "batch_href": f"/dashboard/batches/{shard.batch_id}",
+        "index": shard.index,
+        "lines": f"{shard.first_line}-{last}",
+        "status": shard.status,
+        "completed": shard.completed,
+        "failed": shard.failed,
+        "attempts": shard.attempts,
+        "seen": fmt_duration(now - shard.heartbeat_at) if shard.heartbeat_at else DASH,
+    }
+
+
+def webhook_row(endpoint: WebhookEndpoint, project_name: str, deliveries: list[Any]) -> Row:
+    """An endpoint with its recent deliveries (`WebhookDelivery` rows, newest first)."""
+    base = f"/dashboard/api/webhooks/{endpoint.id}"
+    return {
+        "id": endpoint.id,
+        "name": endpoint.name,
+        "url": endpoint.url,
+        "project": project_name,
+        "event_types": list(endpoint.event_types),
+        "events": ", ".join(endpoint.event_types),
+        "enabled": endpoint.enabled,
+        "state": "enabled" if endpoint.enabled else "disabled",
+        "toggle_label": "Disable" if endpoint.enabled else "Enable",
+        "toggle_url": f"{base}/{'disable' if endpoint.enabled else 'enable'}",
+        "update_url": base,
+        "delete_url": f"{base}/delete",
+        "rotate_url": f"{base}/rotate",
+        "test_url": f"{base}/test",
+        "secret_hint": secret_hint(endpoint.secret),
+        "created": fmt_time(endpoint.created_at),
+        "deliveries": [_delivery_row(d) for d in deliveries],
+    }
+
+
+def _delivery_row(d: Any) -> Row:
+    return {
+        "id": d.id,
+        "event_type": d.event_type,
+        "status": d.status,
+        "attempts": d.attempts,
+        "http": DASH if d.last_status_code is None else str(d.last_status_code),
+        "latency": DASH if d.latency_ms is None else f"{d.latency_ms:.0f} ms",
+        "last_error": d.last_error or DASH,
+        "created": fmt_time(d.created_at),
+    }
+
+
 def file_row(f: File, project_name: str) -> Row:
     return {
         "id": f.id,
         "filename": f.filename,
         "purpose": f.purpose,
         "project": project_name,
-        "bytes": fmt_bytes(f.bytes),
+        "bytes": human_bytes(f.bytes),
         "created": fmt_time(f.created_at),
         "expires": fmt_time(f.expires_at),
         "href": file_href(f.id),
@@ -285,7 +364,7 @@ def key_row(key: Any) -> Row:
 
 def preview(p: Preview) -> Row:
     shown = len(p.lines)
-    size = fmt_bytes(p.total_bytes)
+    size = human_bytes(p.total_bytes)
     what = "the whole file" if p.complete else f"the first {shown} lines of {size}"
     return {
         "lines": [{"id": n, "n": n, "text": text} for n, text in p.lines],

@@ -269,6 +269,8 @@ class Shard(ProgressColumns, Base):
             postgresql_where=text(_in("status", OPEN_SHARD_STATUSES)),
             sqlite_where=text(_in("status", OPEN_SHARD_STATUSES)),
         ),
+        # A worker's recent shards (its dashboard page).
+        Index("ix_shards_last_owner", "last_owner", "heartbeat_at"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
@@ -280,6 +282,8 @@ class Shard(ProgressColumns, Base):
     byte_end: Mapped[int] = mapped_column(BigInteger)
     status: Mapped[ShardStatus] = mapped_column(_enum(ShardStatus, 16), default=ShardStatus.PENDING)
     lease_owner: Mapped[str | None] = mapped_column(String(128))
+    # The worker that last claimed it, kept after the lease ends.
+    last_owner: Mapped[str | None] = mapped_column(String(128))
     lease_epoch: Mapped[int] = mapped_column(Integer, default=0)
     heartbeat_at: Mapped[float | None] = mapped_column(Float)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
@@ -339,6 +343,12 @@ class RegisteredWorker(Base):
     stopped_at: Mapped[float | None] = mapped_column(Float)
     # None while the engine loads: the row is written before the engine starts.
     ready_at: Mapped[float | None] = mapped_column(Float)
+    # What the engine runs with (`worker.engine.configuration_of`), for the dashboard.
+    engine_configuration: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # The engine scheduler's gauges at the last heartbeat (vLLM's own stats).
+    engine_running: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    engine_waiting: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    kv_cache_usage: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
 
 
 class WebhookEndpoint(Base):

@@ -32,6 +32,9 @@ class CreateWebhookEndpointRequest(RequestModel):
     url: str = Field(min_length=1, max_length=2048)
     event_types: EventTypes
     enabled: bool = True
+    project: str | None = Field(
+        None, description="Ours: the project (by name) an admin key creates the endpoint for."
+    )
 
 
 class UpdateWebhookEndpointRequest(RequestModel):

@@ -2,7 +2,8 @@
 
 Retried are the requests that never ran (`batch_cancelled`, `batch_expired`,
 `batch_failed`) and those answered 5xx; a 4xx the engine would give again only when asked
-(`include_all`). The new batch's metadata says `retry_of`; its output plus the original's
+(`include_all`). The new batch's metadata says `retry_of`, its output files expire as the
+original's would (`output_expires_after`); its output plus the original's
 has every `custom_id` once. Bytes move between two transactions (`plan_retry`, then
 `create_retry`), with none open while they are read and written.
 """
@@ -21,6 +22,7 @@ from app.db.models import Batch, File
 from app.errors import OpenAIError, not_found
 from app.ids import new_file_id
 from app.schemas.batches import BatchObject, CreateBatchRequest
+from app.schemas.common import ExpiresAfter
 from app.services.batches import MAX_METADATA_PAIRS, create_batch
 from app.services.files import create_file_from_storage, file_storage_key
 from app.services.jsonl import iter_lines
@@ -37,6 +39,7 @@ class RetryPlan:
     endpoint: str
     completion_window: str
     metadata: dict[str, str] | None
+    output_expires_after: int | None
     input_key: str
     error_key: str
 
@@ -82,6 +85,7 @@ def plan_retry(session: Session, project_id: str | None, batch_id: str) -> Retry
         endpoint=batch.endpoint,
         completion_window=batch.completion_window,
         metadata=batch.metadata_,
+        output_expires_after=batch.output_expires_after,
         input_key=keys[batch.input_file_id],
         error_key=keys[batch.error_file_id],
     )
@@ -136,6 +140,11 @@ def create_retry(
         endpoint=plan.endpoint,
         completion_window=plan.completion_window,
         metadata={**dict(kept), "retry_of": plan.batch_id},
+        output_expires_after=(
+            None
+            if plan.output_expires_after is None
+            else ExpiresAfter(anchor="created_at", seconds=plan.output_expires_after)
+        ),
     )
     return create_batch(session, settings, plan.project_id, params)
 

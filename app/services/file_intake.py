@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from app.config import Settings
+from app.core.sizes import SizeLimit, too_large_message
 from app.db.models import File
 from app.errors import OpenAIError, validation_error
 from app.ids import new_file_id
@@ -23,9 +24,11 @@ from app.storage import Storage, StoredObject, Writer
 MAX_FILENAME_CHARS = 1024
 
 
-def too_large(what: str, limit: int, param: str, code: str = "file_too_large") -> OpenAIError:
+def too_large(
+    what: str, limit: SizeLimit, param: str, code: str = "file_too_large", size: int | None = None
+) -> OpenAIError:
     return OpenAIError(
-        f"{what} is too large: at most {limit} bytes are allowed.",
+        too_large_message(what, limit, size),
         status_code=413,
         param=param,
         code=code,
@@ -72,8 +75,9 @@ class LimitedWriter:
             self._writer.abort()
 
 
-def batch_file_too_large(settings: Settings) -> OpenAIError:
-    return too_large("A Batch API input file", settings.max_batch_file_bytes, "file")
+def batch_file_too_large(settings: Settings, size: int | None = None) -> OpenAIError:
+    limit = settings.size_limit("max_batch_file_bytes")
+    return too_large("The Batch API input file", limit, "file", size=size)
 
 
 def check_filename(filename: str | None, param: str = "file") -> str:
@@ -126,7 +130,7 @@ class FileIntake:
     def open(self, filename: str | None, purpose: str | None) -> LimitedWriter:
         self.filename = check_filename(filename)
         limit = self.settings.max_file_bytes
-        refusal = too_large("File", limit, "file")
+        refusal = too_large("The file", self.settings.size_limit("max_file_bytes"), "file")
         if purpose == "batch":
             if PurePosixPath(self.filename).suffix:  # else the content decides, once it is in
                 check_batch_filename(self.filename)
@@ -220,7 +224,7 @@ def receive(settings: Settings, intake: FileIntake, fields: Mapping[str, Any]) -
         if params.purpose == "batch":
             check_batch_filename(intake.filename, head=intake.sink.head)
             if intake.sink.bytes_written > settings.max_batch_file_bytes:
-                raise batch_file_too_large(settings)
+                raise batch_file_too_large(settings, intake.sink.bytes_written)
         stored = intake.sink.commit()
     except BaseException:
         intake.abort()

@@ -89,7 +89,7 @@ class Totals:
     """Deployment-wide sums, for Prometheus; per model, `""` for a batch with none yet."""
 
     batches_by_status: dict[str, int] = field(default_factory=dict)
-    queued_requests: int = 0
+    # Requests of in-progress batches still to run, by the batch's model.
     queued_by_model: dict[str, int] = field(default_factory=dict)
     # Requests and tokens with a persisted result.
     done_by_model: dict[str, Progress] = field(default_factory=dict)
@@ -213,30 +213,52 @@ def running_batches(session: Session) -> list[BatchView]:
     return _views(session, rows)
 
 
+def _workers_query() -> Select[RegisteredWorker, str, int]:
+    return select(RegisteredWorker, Shard.batch_id, Shard.index).outerjoin(
+        Shard, Shard.id == RegisteredWorker.current_shard_id
+    )
+
+
+def _worker_view(row: Any, now: float, lease_seconds: float) -> WorkerView:
+    worker, batch_id, shard_index = row
+    age = max(now - worker.heartbeat_at, 0.0)
+    if worker.stopped_at is not None:
+        state = WorkerState.STOPPED
+    elif age > lease_seconds:
+        state = WorkerState.STALE
+    elif worker.ready_at is None:
+        state = WorkerState.LOADING
+    elif worker.current_shard_id is not None:
+        state = WorkerState.RUNNING
+    else:
+        state = WorkerState.IDLE
+    return WorkerView(worker, batch_id, shard_index, state, age)
+
+
 def list_workers(session: Session, lease_seconds: float, limit: int = 200) -> list[WorkerView]:
     """Live workers first, then the most recently seen."""
     now = time.time()
     rows = session.execute(
-        select(RegisteredWorker, Shard.batch_id, Shard.index)
-        .outerjoin(Shard, Shard.id == RegisteredWorker.current_shard_id)
+        _workers_query()
         .order_by(RegisteredWorker.stopped_at.is_not(None), RegisteredWorker.heartbeat_at.desc())
         .limit(limit)
     ).all()
-    views = []
-    for worker, batch_id, shard_index in rows:
-        age = max(now - worker.heartbeat_at, 0.0)
-        if worker.stopped_at is not None:
-            state = WorkerState.STOPPED
-        elif age > lease_seconds:
-            state = WorkerState.STALE
-        elif worker.ready_at is None:
-            state = WorkerState.LOADING
-        elif worker.current_shard_id is not None:
-            state = WorkerState.RUNNING
-        else:
-            state = WorkerState.IDLE
-        views.append(WorkerView(worker, batch_id, shard_index, state, age))
-    return views
+    return [_worker_view(row, now, lease_seconds) for row in rows]
+
+
+def get_worker(session: Session, worker_id: str, lease_seconds: float) -> WorkerView | None:
+    row = session.execute(_workers_query().where(RegisteredWorker.id == worker_id)).first()
+    return None if row is None else _worker_view(row, time.time(), lease_seconds)
+
+
+def recent_shards(session: Session, worker_id: str, limit: int = 20) -> Sequence[Shard]:
+    """The shards this worker claimed last, newest heartbeat first."""
+    return session.scalars(
+        select(Shard)
+        .where(Shard.last_owner == worker_id)
+        .order_by(Shard.heartbeat_at.desc())
+        .limit(limit)
+    ).all()
 
 
 def list_files(
@@ -318,8 +340,8 @@ def totals(session: Session) -> Totals:
     )
     for model, *done, queued in live:
         _add(t, model, done)
-        t.queued_requests += int(queued or 0)
-        t.queued_by_model[model or ""] = int(queued or 0)
+        if queued:
+            t.queued_by_model[model or ""] = t.queued_by_model.get(model or "", 0) + int(queued)
     return t
 
 

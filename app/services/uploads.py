@@ -18,6 +18,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.config import Settings
+from app.core.sizes import too_large_message
 from app.db.models import File, Upload, UploadPart
 from app.errors import OpenAIError, not_found
 from app.ids import new_file_id, new_part_id, new_upload_id
@@ -98,14 +99,14 @@ def create_upload(
 ) -> UploadObject:
     check_purpose(body.purpose)
     filename = check_filename(body.filename, param="filename")
-    limit = settings.max_upload_bytes
+    limit = settings.size_limit("max_upload_bytes")
     if body.purpose == "batch":
         check_batch_filename(filename, param="filename")
-        limit = settings.max_batch_file_bytes
-    if body.bytes > limit:
+        limit = settings.size_limit("max_batch_file_bytes")
+    if body.bytes > limit.bytes:
+        what = f"an upload with purpose '{body.purpose}'"
         raise OpenAIError(
-            f"Invalid 'bytes': an upload with purpose '{body.purpose}' may be at most {limit} "
-            f"bytes, but got {body.bytes}.",
+            f"Invalid 'bytes': {too_large_message(what, limit, body.bytes)}",
             param="bytes",
             code="integer_above_max_value",
         )
@@ -172,7 +173,12 @@ def start_part(
         LimitedWriter(
             writer,
             settings.max_upload_part_bytes,
-            too_large("An upload part", settings.max_upload_part_bytes, "data", "part_too_large"),
+            too_large(
+                "The upload part",
+                settings.size_limit("max_upload_part_bytes"),
+                "data",
+                "part_too_large",
+            ),
         ),
     )
 

@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 
 from app.config import Settings
 from app.core.leases import BatchLease
+from app.core.sizes import too_large_message
 from app.core.states import BatchStatus
 from app.db.models import Batch, File, Shard
 from app.db.session import session_scope
@@ -362,11 +363,10 @@ def validate(
 
 
 def _too_large(settings: Settings, size: int) -> BatchError:
-    limit = settings.max_batch_file_bytes
+    limit = settings.size_limit("max_batch_file_bytes")
     return _error(
         "file_too_large",
-        f"The batch input file is {size:,} bytes; the most a batch input file may be is "
-        f"{limit:,} bytes ({limit / 1_000_000:g} MB).",
+        too_large_message("The batch input file", limit, size),
         None,
         "input_file_id",
     )

@@ -1,6 +1,7 @@
 """A project's webhook endpoints: create, list, change, delete, rotate the secret.
 
-`project_id` None is an admin's view: every project's endpoints.
+`project_id` None is an admin's view: every project's endpoints. An admin names another
+project with `project` (its name, as the keys API does); a member manages its own only.
 """
 
 import time
@@ -10,8 +11,8 @@ from sqlalchemy.orm import Session
 
 from app.config import Settings
 from app.core.webhook_signing import new_secret, secret_hint
-from app.db.models import WebhookDelivery, WebhookEndpoint
-from app.errors import not_found
+from app.db.models import Project, WebhookDelivery, WebhookEndpoint
+from app.errors import OpenAIError, not_found
 from app.ids import new_id
 from app.schemas.common import ListObject
 from app.schemas.webhooks import (
@@ -21,6 +22,7 @@ from app.schemas.webhooks import (
     WebhookEndpointObject,
     WebhookEndpointWithSecret,
 )
+from app.services.auth import Principal
 from app.services.pagination import check_limit, paginate
 from app.services.webhook_targets import check_url
 
@@ -29,13 +31,33 @@ MAX_LIST_LIMIT = 100
 ROTATION_GRACE_SECONDS = 24 * 3600
 
 
+def scope_of(session: Session, principal: Principal, project: str | None) -> str | None:
+    """The project a call manages: the key's own, an admin's named one, or (None) any."""
+    if project is None:
+        return None if principal.is_admin else principal.project_id
+    project_id = session.scalar(select(Project.id).where(Project.name == project))
+    if project_id is None:
+        raise OpenAIError(f"No such project: {project!r}.", status_code=404, param="project")
+    if not principal.is_admin and project_id != principal.project_id:
+        raise OpenAIError(
+            "Only an admin key may manage another project's webhook endpoints.",
+            status_code=403,
+            param="project",
+        )
+    return project_id
+
+
 def create_endpoint(
-    session: Session, settings: Settings, project_id: str, params: CreateWebhookEndpointRequest
+    session: Session,
+    settings: Settings,
+    principal: Principal,
+    params: CreateWebhookEndpointRequest,
 ) -> WebhookEndpointWithSecret:
+    """For the key's project, or for `params.project` (an admin's)."""
     now = int(time.time())
     endpoint = WebhookEndpoint(
         id=new_id("we_"),
-        project_id=project_id,
+        project_id=scope_of(session, principal, params.project) or principal.project_id,
         name=params.name,
         url=check_url(params.url, settings.webhook_allow_private),
         event_types=sorted(set(params.event_types)),
@@ -73,6 +95,36 @@ def list_endpoints(
         session, WebhookEndpoint, scope=_scope(project_id), after=after, limit=limit, order="desc"
     )
     return ListObject[WebhookEndpointObject].of([to_wire(e) for e in page.rows], page.has_more)
+
+
+def every_endpoint(
+    session: Session, limit: int = MAX_LIST_LIMIT
+) -> list[tuple[WebhookEndpoint, str, list[WebhookDelivery]]]:
+    """Every project's endpoints (newest first) with the project's name and recent deliveries."""
+    rows = session.execute(
+        select(WebhookEndpoint, Project.name)
+        .join(Project, Project.id == WebhookEndpoint.project_id)
+        .order_by(WebhookEndpoint.seq.desc())
+        .limit(limit)
+    ).all()
+    return [(endpoint, name, recent_deliveries(session, endpoint.id)) for endpoint, name in rows]
+
+
+def recent_deliveries(session: Session, endpoint_id: str, limit: int = 10) -> list[WebhookDelivery]:
+    return list(
+        session.scalars(
+            select(WebhookDelivery)
+            .where(WebhookDelivery.endpoint_id == endpoint_id)
+            .order_by(WebhookDelivery.seq.desc())
+            .limit(limit)
+        )
+    )
+
+
+def list_project_endpoints(
+    session: Session, principal: Principal, project: str | None, after: str | None, limit: int
+) -> ListObject[WebhookEndpointObject]:
+    return list_endpoints(session, scope_of(session, principal, project), after, limit)
 
 
 def update_endpoint(

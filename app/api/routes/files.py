@@ -6,7 +6,6 @@ from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import PrincipalDep, SettingsDep, StorageDep, UnitOfWorkDep
 from app.api.multipart import (
-    FORM_OVERHEAD_BYTES,
     missing_part,
     multipart_openapi,
     nest_brackets,
@@ -45,7 +44,7 @@ async def create_file(
             request,
             stream_field="file",
             open_sink=lambda part, fields: intake.open(part.filename, fields.get("purpose")),
-            max_body=settings.max_file_bytes + FORM_OVERHEAD_BYTES,
+            limit=settings.size_limit("max_file_bytes"),
         )
         if form.sink is None:
             raise missing_part("file")

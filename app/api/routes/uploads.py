@@ -9,7 +9,6 @@ from starlette.concurrency import run_in_threadpool
 from app.api.body import json_body_openapi, read_json
 from app.api.deps import PrincipalDep, SettingsDep, StorageDep, UnitOfWorkDep
 from app.api.multipart import (
-    FORM_OVERHEAD_BYTES,
     missing_part,
     multipart_openapi,
     read_multipart,
@@ -47,7 +46,7 @@ async def add_upload_part(
             request,
             stream_field="data",
             open_sink=lambda _part, _fields: intake.sink,
-            max_body=settings.max_upload_part_bytes + FORM_OVERHEAD_BYTES,
+            limit=settings.size_limit("max_upload_part_bytes"),
         )
         if form.sink is None:
             raise missing_part("data")

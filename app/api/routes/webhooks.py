@@ -1,7 +1,8 @@
 """`/v1/webhook_endpoints`, as OpenAI's webhook endpoints API (the SDK's `client.webhooks`).
 
-A member key sees its own project's endpoints; an admin key any project's. The deliveries
-list and `enabled` are ours. Each `uow.run` is one committed transaction.
+A member key sees its own project's endpoints; an admin key any project's, and creates or
+lists another project's with `project` (its name). The deliveries list, `enabled` and
+`project` are ours. Each `uow.run` is one committed transaction.
 """
 
 import asyncio
@@ -50,7 +51,7 @@ async def create_endpoint(
 ) -> WebhookEndpointWithSecret:
     """The response holds the signing secret, once."""
     params = await read_json(request, CreateWebhookEndpointRequest)
-    return await uow.run(webhook_endpoints.create_endpoint, settings, principal.project_id, params)
+    return await uow.run(webhook_endpoints.create_endpoint, settings, principal, params)
 
 
 @router.get("/webhook_endpoints", operation_id="listWebhookEndpoints")
@@ -59,8 +60,11 @@ async def list_endpoints(
     principal: PrincipalDep,
     after: str | None = None,
     limit: Annotated[int, Query()] = webhook_endpoints.DEFAULT_LIST_LIMIT,
+    project: Annotated[
+        str | None, Query(description="Ours: an admin's view of one project (by name).")
+    ] = None,
 ) -> ListObject[WebhookEndpointObject]:
-    return await uow.run(webhook_endpoints.list_endpoints, _scope(principal), after, limit)
+    return await uow.run(webhook_endpoints.list_project_endpoints, principal, project, after, limit)
 
 
 @router.get("/webhook_endpoints/{webhook_endpoint_id}", operation_id="retrieveWebhookEndpoint")

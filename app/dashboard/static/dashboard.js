@@ -8,10 +8,21 @@ const ACTION_HEADERS = { "x-overnight-dashboard": "1", "content-type": "applicat
 const SVG = "http://www.w3.org/2000/svg";
 const refreshers = [];
 
-function flash(message) {
+const OK_MESSAGE_MS = 8000;
+let okTimer = null;
+
+// An error stays until the next successful poll; a confirmation for a few seconds.
+function flash(message, ok = false) {
   const box = document.getElementById("flash");
   box.textContent = message || "";
   box.hidden = !message;
+  box.classList.toggle("ok", ok);
+  clearTimeout(okTimer);
+  if (ok) okTimer = setTimeout(() => flash(""), OK_MESSAGE_MS);
+}
+
+function clearError() {
+  if (!document.getElementById("flash").classList.contains("ok")) flash("");
 }
 
 async function request(url, options = {}) {
@@ -40,7 +51,7 @@ function ownedBy(root, el) {
 }
 
 function fill(root, data) {
-  const nodes = [root, ...root.querySelectorAll("[data-field],[data-value],[data-href],[data-show],[data-state],[data-url-from]")];
+  const nodes = [root, ...root.querySelectorAll("[data-field],[data-value],[data-href],[data-show],[data-state],[data-url-from],[data-input],[data-input-list]")];
   for (const el of nodes) {
     if (!ownedBy(root, el)) continue;
     const d = el.dataset;
@@ -49,6 +60,15 @@ function fill(root, data) {
     if (d.state && d.state in data) el.dataset.status = String(data[d.state]);
     if (d.urlFrom && d.urlFrom in data) el.dataset.url = String(data[d.urlFrom]);
     if (d.show && d.show in data) el.hidden = !data[d.show];
+    // Form inputs take the server's value once, so that a poll never overwrites typing.
+    if (d.input && d.input in data && !d.filled) {
+      el.value = String(data[d.input]);
+      d.filled = "1";
+    }
+    if (d.inputList && d.inputList in data && !d.filled) {
+      el.checked = data[d.inputList].includes(el.value);
+      d.filled = "1";
+    }
     if (d.href && d.href in data) {
       if (data[d.href]) el.setAttribute("href", String(data[d.href]));
       else el.removeAttribute("href");
@@ -112,6 +132,16 @@ function syncRows(container, rows) {
   container.replaceChildren(...wanted);
   const table = container.closest("table");
   if (table) table.classList.toggle("is-empty", rows.length === 0);
+  for (const note of document.querySelectorAll(`[data-show-empty="${container.id}"]`)) {
+    note.hidden = rows.length > 0;
+  }
+}
+
+// A one-time secret (a new webhook endpoint's, a rotated one) in the box next to its action.
+function showSecret(near, secret) {
+  const box = near.closest("form, article").querySelector("[data-secret]");
+  box.querySelector("[data-secret-value]").textContent = secret;
+  box.hidden = false;
 }
 
 function svgEl(name, attrs, text) {
@@ -143,7 +173,7 @@ function poll(url, apply) {
     if (!document.hidden) {
       try {
         apply(await request(url));
-        flash("");
+        clearError();
       } catch (e) {
         flash(e.message);
       }
@@ -167,7 +197,10 @@ async function act(button) {
       location.assign(result.href); // the action made a new object: show it
       return;
     }
+    if (result && result.secret) showSecret(button, result.secret);
     await refreshAll();
+    // After the refresh, which clears the message box when the feeds answer.
+    if (result && result.message) flash(result.message, true);
   } catch (e) {
     flash(e.message);
   } finally {
@@ -182,6 +215,29 @@ async function createKey(form) {
     document.getElementById("new-secret-value").textContent = created.value;
     document.getElementById("new-secret").hidden = false;
     form.reset();
+    await refreshAll();
+  } catch (e) {
+    flash(e.message);
+  }
+}
+
+// A form posted as JSON: repeated names (checkboxes) become lists.
+async function submitJson(form) {
+  const body = {};
+  for (const [key, value] of new FormData(form)) {
+    const many = form.querySelectorAll(`[name="${key}"][type=checkbox]`).length > 0;
+    if (many) (body[key] = body[key] || []).push(value);
+    else body[key] = value;
+  }
+  for (const box of form.querySelectorAll("input[type=checkbox][name]")) {
+    if (!(box.name in body)) body[box.name] = [];
+  }
+  try {
+    const result = await request(form.dataset.url, { method: "POST", headers: ACTION_HEADERS, body: JSON.stringify(body) });
+    if (result && result.secret) {
+      showSecret(form, result.secret);
+      form.reset();
+    }
     await refreshAll();
   } catch (e) {
     flash(e.message);
@@ -218,6 +274,13 @@ document.addEventListener("DOMContentLoaded", () => {
       createKey(keyForm);
     });
   }
+  document.addEventListener("submit", (ev) => {
+    const form = ev.target.closest("form[data-json-form]");
+    if (form) {
+      ev.preventDefault();
+      submitJson(form);
+    }
+  });
   document.addEventListener("click", (ev) => {
     const button = ev.target.closest("[data-action]");
     if (button) {
