@@ -144,6 +144,7 @@ class Settings(BaseSettings):
             self.enqueued_token_limits.get(model, self.enqueued_token_limit),
             self.enqueued_request_limits.get(model, self.enqueued_request_limit),
         )
+
     def size_limit(self, field: str) -> SizeLimit:
         """A `max_*_bytes` setting with the variable that sets it, for error messages."""
         prefix = self.model_config.get("env_prefix", "")

@@ -22,8 +22,8 @@ from tests import batch_sim
 from tests.engine_fixtures import chat_line, jsonl, start_batch, wait_status
 from tests.fake_engine import FakeEngine, ThreadedWorker, fast
 from tests.harness import RunningServer, running_server
-from worker import registry
 from tests.webhook_receiver import running_receiver
+from worker import registry
 
 CHROMIUM = Path("/usr/bin/chromium")
 FLAGS = [

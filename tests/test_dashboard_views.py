@@ -303,7 +303,7 @@ def test_worker_serve_is_listed_while_its_engine_loads(
     seen: list[WorkerState] = []
 
     @asynccontextmanager
-    async def loading_engine(_args: argparse.Namespace) -> AsyncIterator[None]:
+    async def loading_engine(_args: argparse.Namespace, online: bool) -> AsyncIterator[None]:
         deadline = time.monotonic() + 10
         while not seen:
             with session_scope(db) as session:
@@ -315,7 +315,11 @@ def test_worker_serve_is_listed_while_its_engine_loads(
 
     monkeypatch.setattr(engine, "start_engine", loading_engine)
     args = argparse.Namespace(
-        worker_id="w-cli", health_file=None, served_model_name=["chat"], model="/models/chat"
+        worker_id="w-cli",
+        health_file=None,
+        served_model_name=["chat"],
+        model="/models/chat",
+        online_port=None,
     )
     with pytest.raises(RuntimeError, match="did not start"):
         asyncio.run(worker_cli.serve(args, db))

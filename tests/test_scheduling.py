@@ -191,7 +191,7 @@ def test_small_later_batch_of_another_project_finishes_first_with_estimates(
     }
     assert listed == {"alpha": 1.0, "beta": 2.0, "default": 1.0}
 
-    engine = FakeEngine(delay=0.05, max_num_seqs=4)
+    engine = FakeEngine(delay=0.15, max_num_seqs=4)  # ~6 s: the planner records several estimates
     with ThreadedWorker(server.settings, engine, max_active_shards=2):
         big = start_batch(alpha, jsonl([chat_line(f"a{i}") for i in range(300)]))
         wait_until(

@@ -213,11 +213,12 @@ def checkpoint(
         )
     work = work_of(progress) if progress is not None else 0
     if work:
-        return BatchState(*record_work(session, lease.batch_id, work))
-    status_row = session.execute(
-        select(Batch.status, Batch.expires_at).where(Batch.id == lease.batch_id)
-    ).one()
+        batch_status, expires_at = record_work(session, lease.batch_id, work)
+    else:
+        batch_status, expires_at = session.execute(
+            select(Batch.status, Batch.expires_at).where(Batch.id == lease.batch_id)
+        ).one()
     last = done and not session.scalar(
         select(exists().where(Shard.batch_id == lease.batch_id, Shard.status != ShardStatus.DONE))
     )
-    return BatchState(status_row[0], status_row[1], last_shard=bool(last))
+    return BatchState(batch_status, expires_at, last_shard=bool(last))
