@@ -162,6 +162,7 @@ class WorkerProcess:
     ) -> None:
         self.settings = settings
         self.name = name
+        self.model_args = model_args
         self.log_path = settings.data_dir / f"{name}.log"
         self.submissions_path = settings.data_dir / f"{name}.submissions"
         self.health_path = settings.data_dir / f"{name}.health"
@@ -205,6 +206,10 @@ class WorkerProcess:
             assert code is None, f"worker {self.name} exited with {code}:\n{self.tail()}"
             assert time.monotonic() < deadline, f"worker {self.name} did not start:\n{self.tail()}"
             time.sleep(0.5)
+
+    def online_port(self) -> int:
+        """The port of the worker's online API (`--online-port`)."""
+        return int(self.model_args[self.model_args.index("--online-port") + 1])
 
     def state(self) -> str | None:
         """The state in the worker's health file (None before it wrote one)."""

@@ -47,6 +47,7 @@ from tests.engine_fixtures import (
     wait_completed,
     wait_status,
 )
+from tests.harness import free_port
 
 pytestmark = pytest.mark.engine
 
@@ -123,7 +124,8 @@ def local(
         # vLLM 0.32 serves any tool_choice but "none" only with these, as `vllm serve` does.
         tools = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
         running.start_worker("chat-1", [*smollm2_args(smollm2), *tools])
-        running.start_worker("minilm", ["--model", "bundled:minilm", "--enforce-eager"])
+        online = ["--online-port", str(free_port())]
+        running.start_worker("minilm", ["--model", "bundled:minilm", "--enforce-eager", *online])
         running.workers["chat-1"].wait_ready()
         yield running
 
@@ -405,6 +407,11 @@ def test_embeddings_batch(local: Deployment) -> None:
     listed = by_id["e-list"]["response"]["body"]
     assert listed["object"] == "list" and len(listed["data"]) == 2
     assert batch.usage is not None and batch.usage.input_tokens > 0
+    # The worker's online API answers from the same engine: the same vectors.
+    port = local.workers["minilm"].online_port()
+    online = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="-", max_retries=0)
+    answered = online.embeddings.create(model=MINILM, input=texts)
+    assert [d.embedding for d in answered.data] == pytest.approx(vectors, abs=1e-5)
 
 
 def test_score_and_rerank_batches(local: Deployment) -> None:

@@ -99,8 +99,9 @@ def test_cancel_aborts_in_flight(server: RunningServer, client: openai.OpenAI) -
         wait_completed(client, batch_id, 3)
         started = time.monotonic()
         client.batches.cancel(batch_id)
-        batch = wait_status(client, batch_id, "cancelled", timeout=10)
-        assert time.monotonic() - started < 3
+        batch = wait_status(client, batch_id, "cancelled", timeout=20)
+        # Without the abort it would wait out the slow lines' 60 s.
+        assert time.monotonic() - started < 15
     assert engine.aborted, "in-flight requests were not aborted"
     by_id = results(client, batch)
     assert {k for k, v in by_id.items() if v["error"] is None} == {f"quick-{i}" for i in range(3)}
