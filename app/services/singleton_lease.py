@@ -13,18 +13,17 @@ work; once the holder stops renewing (or releases it on shutdown), the next take
 import time
 
 from sqlalchemy import select, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from app.db import upsert
 from app.db.models import SingletonLease
 
 
 def hold(session: Session, name: str, owner: str, seconds: float, now: float | None = None) -> bool:
     """Takes or renews the lease `name` for `seconds` if free or `owner`'s; False if not."""
     now = time.time() if now is None else now
-    dialect = sqlite if session.get_bind().dialect.name == "sqlite" else postgresql
     session.execute(
-        dialect.insert(SingletonLease)
+        upsert.insert(session, SingletonLease)
         .values(name=name, owner=None, expires_at=0.0)
         .on_conflict_do_nothing()
     )
