@@ -11,6 +11,7 @@ work; once the holder stops renewing (or releases it on shutdown), the next take
 """
 
 import time
+from typing import Any
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
@@ -22,19 +23,22 @@ from app.db.models import SingletonLease
 def hold(session: Session, name: str, owner: str, seconds: float, now: float | None = None) -> bool:
     """Takes or renews the lease `name` for `seconds` if free or `owner`'s; False if not."""
     now = time.time() if now is None else now
-    session.execute(
-        upsert.insert(session, SingletonLease)
-        .values(name=name, owner=None, expires_at=0.0)
-        .on_conflict_do_nothing()
+    lease = select(SingletonLease.owner, SingletonLease.expires_at).where(
+        SingletonLease.name == name
     )
-    row = session.execute(
-        select(SingletonLease.owner, SingletonLease.expires_at)
-        .where(SingletonLease.name == name)
-        .with_for_update(skip_locked=True)
-    ).one_or_none()
-    if row is None:  # its holder's transaction is running now
+    # Looked at without a lock first: a replica that only finds the lease taken must not lock
+    # its row even briefly, or the holder's own pass would skip it.
+    seen = session.execute(lease).one_or_none()
+    if seen is None:
+        session.execute(
+            upsert.insert(session, SingletonLease)
+            .values(name=name, owner=None, expires_at=0.0)
+            .on_conflict_do_nothing()
+        )
+    elif _taken(seen, owner, now):
         return False
-    if row.owner not in (None, owner) and row.expires_at > now:
+    locked = session.execute(lease.with_for_update(skip_locked=True)).one_or_none()
+    if locked is None or _taken(locked, owner, now):  # another pass runs now, or just took it
         return False
     session.execute(
         update(SingletonLease)
@@ -42,6 +46,10 @@ def hold(session: Session, name: str, owner: str, seconds: float, now: float | N
         .values(owner=owner, expires_at=now + seconds)
     )
     return True
+
+
+def _taken(row: Any, owner: str, now: float) -> bool:
+    return row.owner not in (None, owner) and row.expires_at > now
 
 
 def release(session: Session, name: str, owner: str) -> None:
