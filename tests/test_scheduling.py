@@ -19,7 +19,7 @@ from app.config import Settings
 from app.core.progress import Progress
 from app.core.schedule import Demand, Order, plan
 from app.core.states import BatchStatus
-from app.db.models import Batch, BatchEstimate, Project, ProjectShare, Shard
+from app.db.models import Batch, BatchEstimate, Project, ProjectShare, Shard, SingletonLease
 from app.db.session import engine_for, session_scope, upgrade
 from app.services import housekeeping, schedule, singleton_lease
 from app.services.auth import ensure_project
@@ -221,6 +221,27 @@ def test_one_planner_pass_at_a_time_and_the_lease_passes_on(db: Settings) -> Non
     with session_scope(tuned) as session:
         singleton_lease.release(session, housekeeping.PLANNER, other)
     assert housekeeping.plan(tuned, holder)
+
+
+def test_an_api_that_stops_hands_the_planner_on(settings: Settings) -> None:
+    """The API's housekeeping plans under the lease and gives it up when the process stops."""
+    tuned = fast(settings, lease_seconds=60.0)
+    with running_server(tuned):
+        deadline = time.monotonic() + 30
+        while (holder := _planner_holder(tuned)) is None:
+            assert time.monotonic() < deadline, "the API never took the planner's lease"
+            time.sleep(0.1)
+        assert holder.startswith("api:")
+        assert not housekeeping.plan(tuned, "api-next")  # while it runs, it plans
+    assert _planner_holder(tuned) is None
+    assert housekeeping.plan(tuned, "api-next")  # at once, not a minute later
+
+
+def _planner_holder(settings: Settings) -> str | None:
+    with session_scope(settings) as session:
+        return session.scalar(
+            select(SingletonLease.owner).where(SingletonLease.name == housekeeping.PLANNER)
+        )
 
 
 # -- through the API, with a real worker (scripted engine) --
