@@ -207,6 +207,32 @@ def test_keys_page_actions(server: RunningServer, sdk: openai.OpenAI) -> None:
         openai.OpenAI(base_url=server.base_url, api_key=secret, max_retries=0).files.list()
 
 
+def test_keys_page_sets_a_projects_enqueued_limits(
+    server: RunningServer, sdk: openai.OpenAI
+) -> None:
+    browser = logged_in(server)
+    sdk.post("/admin/api_keys", body={"project": "team-a"}, cast_to=dict)
+    project_id = sdk.get("/admin/projects/team-a/limits", cast_to=dict)["data"][0]["project_id"]
+    url = f"/dashboard/api/projects/{project_id}/limits"
+    form = {"model": batch_sim.MODEL, "token_limit": "2000000", "request_limit": ""}
+    assert browser.post(url, json=form).status_code == 403  # no dashboard header
+    made = browser.post(url, json=form, headers=ACTION)
+    line = f"{batch_sim.MODEL}: 2,000,000 tokens (own), unlimited requests (default)"
+    assert made.status_code == 200 and made.json() == {"id": project_id, "limits": line}
+    listed = sdk.get("/admin/projects/team-a/limits", cast_to=dict)["data"]
+    [own] = [r for r in listed if r["model"] == batch_sim.MODEL]
+    assert (own["token_limit_override"], own["request_limit_override"]) == (2_000_000, None)
+    page = browser.get("/dashboard/keys").text
+    assert line in page and f'action="{url}"' in page
+    bad = browser.post(url, json={**form, "token_limit": "-5"}, headers=ACTION)
+    assert bad.status_code == 400 and "token_limit" in bad.json()["error"]["message"]
+    cleared = browser.post(url, json={**form, "token_limit": ""}, headers=ACTION)
+    assert cleared.json()["limits"].endswith(
+        "unlimited tokens (default), unlimited requests (default)"
+    )
+    assert line not in browser.get("/dashboard/keys").text
+
+
 def test_open_mode_needs_no_login(settings: Settings) -> None:
     with running_server(settings) as server:
         http = httpx.Client(base_url=server.url, timeout=30)

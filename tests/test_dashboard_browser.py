@@ -320,6 +320,24 @@ def test_workers_files_and_keys_pages(
     page.fill("input[name=project]", " ")
     page.click("form[data-create-key] button[type=submit]")
     expect(page.locator("#flash")).to_contain_text("project")
+    # A project's own enqueued limit, from its row of the projects table.
+    page.reload()
+    posts: list[str] = []
+    page.on("request", lambda r: posts.append(r.url) if r.method == "POST" else None)
+    project = page.locator("#projects tbody tr", has_text=HOSTILE)
+    project.locator("input[name=model]").fill(batch_sim.MODEL)
+    project.locator("input[name=token_limit]").fill("2000000")
+    project.locator("form[action$='/limits'] button[type=submit]").click()
+    expect(project.locator('[data-field="limits"]')).to_have_text(
+        f"{batch_sim.MODEL}: 2,000,000 tokens (own), unlimited requests (default)"
+    )
+    project.locator("input[name=weight]").fill("3")
+    project.locator("form[action$='/weight'] button[type=submit]").click()
+    expect(project.locator("input[name=weight]")).to_have_value("3")
+    # One request a form, to its own URL.
+    assert [url.rsplit("/", 1)[1] for url in posts] == ["limits", "weight"], posts
+    weights = {p["name"]: p["weight"] for p in sdk.get("/admin/projects", cast_to=dict)["data"]}
+    assert weights[HOSTILE] == 3
     assert alerts.alerts == []
 
 

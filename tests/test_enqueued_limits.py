@@ -11,6 +11,7 @@ import orjson
 import pytest
 from sqlalchemy import event, select
 
+from app.cli import main
 from app.config import Settings
 from app.core.states import BatchStatus
 from app.db.models import Batch
@@ -157,3 +158,135 @@ def test_the_sdk_sees_openais_failure_and_a_finished_batch_lets_the_next_in(
         run_batch(limited, first.id)
         _wait(client, first.id, "completed")
         _wait(client, _submit(client, "a2"), "in_progress")
+
+
+# -- a project's own limits (admin API and CLI) --
+
+ADMIN = "sk-admin-limits-test"
+
+
+def _refusal(client: openai.OpenAI, prefix: str) -> tuple[str, str]:
+    refused = _wait(client, _submit(client, prefix), "failed")
+    assert refused.errors is not None and refused.errors.data is not None
+    [error] = refused.errors.data
+    assert error.code is not None and error.message is not None
+    return error.code, error.message
+
+
+def test_an_admin_sets_a_projects_own_limits_tighter_or_looser_than_the_default(
+    settings: Settings, capsys: pytest.CaptureFixture[str]
+) -> None:
+    per_batch = batch_tokens("c0")  # every prefix below has the same length
+    default = per_batch + per_batch // 2  # room for one batch
+    limited = fast(settings, admin_key=ADMIN, shard_lines=2, enqueued_token_limit=default)
+    with (
+        running_server(limited) as server,
+        openai.OpenAI(base_url=server.base_url, api_key=ADMIN, max_retries=0) as admin,
+    ):
+        keys = {
+            name: admin.post("/admin/api_keys", body={"project": name}, cast_to=dict)["value"]
+            for name in ("tight", "loose", "plain")
+        }
+        sdk = {
+            name: openai.OpenAI(base_url=server.base_url, api_key=key, max_retries=0)
+            for name, key in keys.items()
+        }
+        cli = ["--base-url", server.base_url, "--api-key", ADMIN]
+
+        # Looser, through the CLI: room for two batches where the default has one.
+        looser = 2 * per_batch + per_batch // 2
+        assert main(["projects", "limit", "loose", MODEL, "--tokens", str(looser), *cli]) == 0
+        assert capsys.readouterr().out == (
+            f"loose on {MODEL}: {looser:,} tokens (own), unlimited requests (default)\n"
+        )
+        # Tighter, through the API: not even one batch fits.
+        tight = admin.post(
+            "/admin/projects/tight/limits",
+            body={"model": MODEL, "token_limit": per_batch - 1},
+            cast_to=dict,
+        )
+        assert tight["token_limit"] == tight["token_limit_override"] == per_batch - 1
+        assert (tight["request_limit"], tight["request_limit_override"]) == (None, None)
+
+        for prefix in ("c0", "c1"):
+            _wait(sdk["loose"], _submit(sdk["loose"], prefix), "in_progress")
+        assert _refusal(sdk["loose"], "c2") == (
+            "token_limit_exceeded",
+            f"Enqueued token limit reached for {MODEL} in organization loose. "
+            f"Limit: {looser:,} enqueued tokens. {RETRY}",
+        )
+        assert _refusal(sdk["tight"], "c3") == (
+            "token_limit_exceeded",
+            f"Enqueued token limit reached for {MODEL} in organization tight. "
+            f"Limit: {per_batch - 1:,} enqueued tokens. {RETRY}",
+        )
+        _wait(sdk["plain"], _submit(sdk["plain"], "c4"), "in_progress")
+        assert _refusal(sdk["plain"], "c5") == (
+            "token_limit_exceeded",
+            f"Enqueued token limit reached for {MODEL} in organization plain. "
+            f"Limit: {default:,} enqueued tokens. {RETRY}",
+        )
+
+        # Tokens back to the default, a request limit of its own: the request limit refuses.
+        reset = ["projects", "limit", "tight", MODEL, "--tokens", "default", "--requests", "5"]
+        assert main([*reset, *cli]) == 0
+        assert capsys.readouterr().out == (
+            f"tight on {MODEL}: {default:,} tokens (default), 5 requests (own)\n"
+        )
+        assert _refusal(sdk["tight"], "c6") == (
+            "request_limit_exceeded",
+            f"Enqueued request limit reached for {MODEL} in organization tight. "
+            f"Limit: 5 enqueued requests. {RETRY}",
+        )
+        assert main(["projects", "limits", "tight", "--json", *cli]) == 0
+        listed = {r["model"]: r for r in orjson.loads(capsys.readouterr().out)}
+        assert listed[MODEL] == {
+            "object": "project.enqueued_limits",
+            "project_id": tight["project_id"],
+            "project_name": "tight",
+            "model": MODEL,
+            "token_limit": default,
+            "request_limit": 5,
+            "token_limit_override": None,
+            "request_limit_override": 5,
+        }
+        assert all(r["token_limit"] == default for r in listed.values())
+        # Both back to the default: the row goes, the project is like any other.
+        admin.post(
+            "/admin/projects/tight/limits",
+            body={"model": MODEL, "request_limit": None},
+            cast_to=dict,
+        )
+        assert main(["projects", "limits", "tight", *cli]) == 0
+        table = capsys.readouterr().out
+        assert f"{default:,} tokens (default)" in table and "(own)" not in table
+        _wait(sdk["tight"], _submit(sdk["tight"], "c7"), "in_progress")
+
+        # Only an admin sets or reads them; a bad limit or an unknown project is refused.
+        member = sdk["loose"]
+        with pytest.raises(openai.PermissionDeniedError):
+            member.post(
+                "/admin/projects/loose/limits",
+                body={"model": MODEL, "token_limit": 10**9},
+                cast_to=dict,
+            )
+        with pytest.raises(openai.PermissionDeniedError):
+            member.get("/admin/projects/loose/limits", cast_to=dict)
+        with pytest.raises(openai.BadRequestError):
+            admin.post(
+                "/admin/projects/loose/limits",
+                body={"model": MODEL, "token_limit": -1},
+                cast_to=dict,
+            )
+        with pytest.raises(openai.NotFoundError):
+            admin.get("/admin/projects/nobody/limits", cast_to=dict)
+        as_member = ["--base-url", server.base_url, "--api-key", keys["loose"]]
+        assert main(["projects", "limit", "loose", MODEL, "--tokens", "1", *as_member]) == 1
+        assert "admin key" in capsys.readouterr().err
+        assert main(["projects", "limit", "loose", MODEL, *cli]) == 1
+        assert "--tokens or --requests" in capsys.readouterr().err
+        with session_scope(limited) as session:
+            loose_id = ensure_project(session, "loose").id
+            assert enqueued.limits(session, limited, loose_id, MODEL) == (looser, None)
+        for client in sdk.values():
+            client.close()

@@ -5,22 +5,23 @@ rows built as validation and checkpoints build them; the plan on a real worker w
 scripted engine. The claim's PostgreSQL plan is checked at 100,000 shards.
 """
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 
 import openai
 import orjson
 import pytest
-from sqlalchemy import Engine, select, text, update
+from sqlalchemy import Engine, event, select, text, update
 
 from app.cli import main
 from app.config import Settings
 from app.core.progress import Progress
 from app.core.schedule import Demand, Order, plan
 from app.core.states import BatchStatus
-from app.db.models import Batch, BatchEstimate, Project, ProjectShare, Shard
+from app.db.models import Batch, BatchEstimate, Project, ProjectShare, Shard, SingletonLease
 from app.db.session import engine_for, session_scope, upgrade
-from app.services import schedule
+from app.services import housekeeping, schedule, singleton_lease
 from app.services.auth import ensure_project
 from tests.batch_sim import store_input_file
 from tests.engine_fixtures import chat_line, jsonl, start_batch, wait_status, wait_until
@@ -71,14 +72,17 @@ def _claim_and_serve(
     order: Order = Order.FAIR,
     model: str = MODEL,
 ) -> str | None:
-    """Claims the next shard of `model` and checkpoints it done with `work(batch)` tokens."""
+    """Claims the next shard of `model` and checkpoints it done with `work(batch)` tokens,
+    in a result chunk (the planner's measure of speed)."""
     with session_scope(settings) as session:
         lease = claim.claim_shard(session, "w", [model], LEASE, order)
     if lease is None:
         return None
     with session_scope(settings) as session:
         progress = Progress(completed=1, output_tokens=work(lease.batch_id))
-        assert claim.checkpoint(session, lease, progress=progress, done=True) is not None
+        chunk = (0, f"chunk-{lease.shard_id}", 1)
+        checkpointed = claim.checkpoint(session, lease, chunk=chunk, progress=progress, done=True)
+        assert checkpointed is not None
     return lease.batch_id
 
 
@@ -156,6 +160,88 @@ def test_plan_flags_what_fair_share_would_make_late() -> None:
     assert fair["tight"].finish_at == pytest.approx(now + 100)
     fifo = {e.batch_id: e for e in plan([big, tight], Order.FIFO, 1.0, now)}
     assert fifo["tight"].start_at == pytest.approx(now + 1000) and fifo["tight"].expected_miss
+
+
+def test_one_planner_pass_at_a_time_and_the_lease_passes_on(db: Settings) -> None:
+    """Two replicas' planners at once: one pass a tick, its rows once; the other takes over
+    when the holder stops (at expiry, or at once when it released the lease)."""
+    lease_seconds = 3.0
+    tuned = db.model_copy(update={"lease_seconds": lease_seconds})
+    batch_ids = {_batch(tuned, "alpha", 40), _batch(tuned, "beta", 40)}
+
+    def widen_the_race(_conn: object, _cursor: object, statement: str, *_args: object) -> None:
+        # Between reading what was recorded and recording: two passes at once would both
+        # see no estimate for this progress and both record one.
+        if "FROM batch_estimates" in statement:
+            time.sleep(0.2)
+
+    def estimates() -> list[tuple[str, int]]:
+        with session_scope(tuned) as session:
+            rows = session.execute(select(BatchEstimate.batch_id, BatchEstimate.done)).all()
+        return sorted((batch_id, done) for batch_id, done in rows)
+
+    engine = engine_for(tuned.sqlalchemy_url)
+    event.listen(engine, "after_cursor_execute", widen_the_race)
+    holders = []
+    try:
+        for tick in range(3):
+            for _ in range(4):  # two more requests each: every batch's estimate is recorded
+                _claim_and_serve(tuned)
+            start, won = threading.Barrier(2), {}
+
+            def plan(owner: str, start: threading.Barrier = start, won: dict = won) -> None:
+                start.wait()
+                won[owner] = housekeeping.plan(tuned, owner)
+
+            threads = [threading.Thread(target=plan, args=(f"api-{i}",)) for i in range(2)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(30)
+            assert sorted(won.values()) == [False, True], tick
+            holders.append(next(owner for owner, planned in won.items() if planned))
+            recorded = estimates()
+            assert len(recorded) == 2 * (tick + 1) == len(set(recorded)), recorded
+            assert {batch_id for batch_id, _ in recorded} == batch_ids
+    finally:
+        event.remove(engine, "after_cursor_execute", widen_the_race)
+    assert len(set(holders)) == 1  # the turn stays with its holder
+    holder = holders[0]
+    other = "api-1" if holder == "api-0" else "api-0"
+
+    # The holder stops: the other plans once the lease has lapsed, not before.
+    stopped = time.monotonic()
+    assert not housekeeping.plan(tuned, other)
+    while not housekeeping.plan(tuned, other):
+        assert time.monotonic() - stopped < 3 * lease_seconds
+        time.sleep(0.1)
+    assert time.monotonic() - stopped >= lease_seconds - 1.0
+    assert not housekeeping.plan(tuned, holder)
+    # A holder that shuts down releases it: the next taker plans at once.
+    with session_scope(tuned) as session:
+        singleton_lease.release(session, housekeeping.PLANNER, other)
+    assert housekeeping.plan(tuned, holder)
+
+
+def test_an_api_that_stops_hands_the_planner_on(settings: Settings) -> None:
+    """The API's housekeeping plans under the lease and gives it up when the process stops."""
+    tuned = fast(settings, lease_seconds=60.0)
+    with running_server(tuned):
+        deadline = time.monotonic() + 30
+        while (holder := _planner_holder(tuned)) is None:
+            assert time.monotonic() < deadline, "the API never took the planner's lease"
+            time.sleep(0.1)
+        assert holder.startswith("api:")
+        assert not housekeeping.plan(tuned, "api-next")  # while it runs, it plans
+    assert _planner_holder(tuned) is None
+    assert housekeeping.plan(tuned, "api-next")  # at once, not a minute later
+
+
+def _planner_holder(settings: Settings) -> str | None:
+    with session_scope(settings) as session:
+        return session.scalar(
+            select(SingletonLease.owner).where(SingletonLease.name == housekeeping.PLANNER)
+        )
 
 
 # -- through the API, with a real worker (scripted engine) --

@@ -96,12 +96,29 @@ def _keys(sub: Any) -> None:
 
 def _projects(sub: Any) -> None:
     group = sub.add_parser(
-        "projects", help="projects and their fair-share weights (admin key)"
+        "projects", help="projects: fair-share weights, enqueued limits (admin key)"
     ).add_subparsers(dest="projects_command", required=True)
     _command(group, "list", projects.cmd_list, "every project with its weight", json=True)
     p = _command(group, "weight", projects.cmd_weight, "set a project's fair-share weight")
     p.add_argument("project", help="the project's name or id")
     p.add_argument("weight", type=float, help="its share against other projects (default 1)")
+    p = _command(
+        group, "limits", projects.cmd_limits, "a project's enqueued limits per model", json=True
+    )
+    p.add_argument("project", help="the project's name or id")
+    p = _command(
+        group, "limit", projects.cmd_limit, "set a project's own enqueued limits on a model"
+    )
+    p.add_argument("project", help="the project's name or id")
+    p.add_argument("model")
+    for option, what in (("tokens", "estimated prompt tokens"), ("requests", "requests")):
+        p.add_argument(
+            f"--{option}",
+            type=projects.limit_value,
+            default=argparse.SUPPRESS,
+            metavar="N|default",
+            help=f"{what} its unfinished batches may hold; `default`: the deployment's",
+        )
 
 
 def _webhooks(sub: Any) -> None:

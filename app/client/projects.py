@@ -1,4 +1,5 @@
-"""`overnight projects list|weight` (admin API) and the schedule lines of `batches show`."""
+"""`overnight projects list|weight|limits|limit` (admin API) and the schedule lines of
+`batches show`."""
 
 import argparse
 import time
@@ -7,7 +8,7 @@ from typing import Any
 import openai
 
 from app.client import output
-from app.client.connection import client
+from app.client.connection import CliError, client
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -30,6 +31,61 @@ def cmd_weight(args: argparse.Namespace) -> int:
         f"/admin/projects/{args.project}", body=body, cast_to=dict
     )
     print(f"{project['name']}: weight {project['weight']:g}")
+    return 0
+
+
+DEFAULT = "default"
+
+
+def limit_value(text: str) -> int | None:
+    """A limit on the command line: a count (`2000000`, `2_000_000`), or `default`: None."""
+    if text == DEFAULT:
+        return None
+    value = int(text.replace(",", ""))
+    if value < 0:
+        raise ValueError(text)
+    return value
+
+
+def _limit_text(limit: int | None, own: int | None, unit: str) -> str:
+    shown = f"{limit:,} {unit}" if limit is not None else f"unlimited {unit}"
+    return f"{shown} ({'own' if own is not None else DEFAULT})"
+
+
+def cmd_limits(args: argparse.Namespace) -> int:
+    page: dict[str, Any] = client(args).get(f"/admin/projects/{args.project}/limits", cast_to=dict)
+    rows = list(page["data"])
+    if args.json:
+        output.print_json(rows)
+        return 0
+    output.print_table(
+        ["MODEL", "ENQUEUED TOKENS", "ENQUEUED REQUESTS"],
+        (
+            (
+                r["model"],
+                _limit_text(r["token_limit"], r["token_limit_override"], "tokens"),
+                _limit_text(r["request_limit"], r["request_limit_override"], "requests"),
+            )
+            for r in rows
+        ),
+        empty="No models.",
+    )
+    return 0
+
+
+def cmd_limit(args: argparse.Namespace) -> int:
+    body: dict[str, Any] = {"model": args.model}
+    for option, field in (("tokens", "token_limit"), ("requests", "request_limit")):
+        if hasattr(args, option):
+            body[field] = getattr(args, option)
+    if len(body) == 1:
+        raise CliError("give --tokens or --requests (a number, or `default`)")
+    found: dict[str, Any] = client(args).post(
+        f"/admin/projects/{args.project}/limits", body=body, cast_to=dict
+    )
+    tokens = _limit_text(found["token_limit"], found["token_limit_override"], "tokens")
+    requests = _limit_text(found["request_limit"], found["request_limit_override"], "requests")
+    print(f"{found['project_name']} on {found['model']}: {tokens}, {requests}")
     return 0
 
 

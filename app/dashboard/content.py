@@ -9,10 +9,18 @@ from urllib.parse import urlencode
 
 from sqlalchemy.orm import Session
 
+from app.config import Settings
 from app.core.sizes import human_bytes
 from app.dashboard import views
 from app.errors import OpenAIError, not_found
-from app.services import file_expiry, keys, monitoring, online_usage, webhook_endpoints
+from app.services import (
+    enqueued,
+    file_expiry,
+    keys,
+    monitoring,
+    online_usage,
+    webhook_endpoints,
+)
 from app.services.batch_search import find_custom_id
 from app.services.files import open_file_content, preview_file
 from app.services.fleet import fleet
@@ -173,8 +181,16 @@ def files_page(session: Session, project: str, purpose: str) -> dict[str, Any]:
     }
 
 
-def keys_page(session: Session) -> dict[str, Any]:
-    return {"rows": key_rows(session), "projects": monitoring.list_projects(session)}
+def keys_page(session: Session, settings: Settings) -> dict[str, Any]:
+    limits: dict[str, list[str]] = {}
+    for found in enqueued.overridden(session, settings):
+        limits.setdefault(found.project_id, []).append(views.limits_line(found))
+    return {
+        "rows": key_rows(session),
+        "projects": monitoring.list_projects(session),
+        "limits": limits,
+        "models": [m.name for m in settings.models],
+    }
 
 
 def open_any_file(

@@ -18,6 +18,7 @@ from fastapi.responses import (
 )
 from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, FileSystemLoader
+from pydantic import field_validator
 
 from app.api.body import read_json
 from app.api.deps import AccessDep, PrincipalCacheDep, SettingsDep, StorageDep, UnitOfWorkDep
@@ -34,9 +35,21 @@ from app.dashboard.auth import (
     safe_next,
 )
 from app.errors import OpenAIError
-from app.schemas.admin import CreateApiKeyRequest, UpdateProjectRequest
+from app.schemas.admin import (
+    CreateApiKeyRequest,
+    UpdateEnqueuedLimitsRequest,
+    UpdateProjectRequest,
+)
 from app.schemas.webhooks import CreateWebhookEndpointRequest, UpdateWebhookEndpointRequest
-from app.services import batches, file_expiry, keys, schedule, webhook_delivery, webhook_endpoints
+from app.services import (
+    batches,
+    enqueued,
+    file_expiry,
+    keys,
+    schedule,
+    webhook_delivery,
+    webhook_endpoints,
+)
 from app.services.auth import Principal
 from app.services.housekeeping import FINALIZATION, wake
 from app.version import overnight_version
@@ -219,8 +232,10 @@ async def webhooks_page(request: Request, _login: PageLogin, uow: UnitOfWorkDep)
 
 
 @router.get("/keys", response_class=HTMLResponse)
-async def keys_page(request: Request, _login: PageLogin, uow: UnitOfWorkDep) -> Response:
-    return await _page(request, uow, "keys.html", **await uow.run(content.keys_page))
+async def keys_page(
+    request: Request, _login: PageLogin, uow: UnitOfWorkDep, settings: SettingsDep
+) -> Response:
+    return await _page(request, uow, "keys.html", **await uow.run(content.keys_page, settings))
 
 
 @router.get("/files/{file_id}/content")
@@ -344,6 +359,28 @@ async def set_weight(
     body = await read_json(request, UpdateProjectRequest)
     project = await uow.run(schedule.set_weight, project_id, body.weight)
     return {"id": project.id, "weight": project.weight}
+
+
+class LimitsForm(UpdateEnqueuedLimitsRequest):
+    """The projects table's limits form: a blank field is the deployment's default."""
+
+    @field_validator("token_limit", "request_limit", mode="before")
+    @classmethod
+    def _blank_is_default(cls, value: object) -> object:
+        return None if value == "" else value
+
+
+@router.post("/api/projects/{project_id}/limits")
+async def set_limits(
+    project_id: str,
+    request: Request,
+    _login: ApiLogin,
+    uow: UnitOfWorkDep,
+    settings: SettingsDep,
+) -> dict[str, Any]:
+    body = await read_json(request, LimitsForm)
+    found = await uow.run(enqueued.set_limits, settings, project_id, body)
+    return {"id": found.project_id, "limits": views.limits_line(found)}
 
 
 @router.post("/api/keys/{key_id}/revoke")

@@ -20,7 +20,7 @@ from app.core.sizes import human_bytes
 from app.core.states import CANCELLABLE_BATCH_STATUSES, TERMINAL_BATCH_STATUSES, BatchStatus
 from app.core.webhook_signing import secret_hint
 from app.db.models import Batch, File, RegisteredWorker, Shard, WebhookEndpoint
-from app.schemas.admin import WorkerState
+from app.schemas.admin import EnqueuedLimitsObject, WorkerState
 from app.services.files import Preview
 from app.services.fleet import SERVING_STATES, Fleet
 from app.services.monitoring import BatchView, WorkerView
@@ -360,6 +360,18 @@ def key_row(key: Any) -> Row:
         "created": fmt_time(key.created_at),
         "revoke_url": f"/dashboard/api/keys/{key.id}/revoke",
     }
+
+
+def limits_line(limits: EnqueuedLimitsObject) -> str:
+    """`model: 2,000,000 tokens (own), unlimited requests (default)`."""
+
+    def one(limit: int | None, own: int | None, unit: str) -> str:
+        shown = f"{limit:,} {unit}" if limit is not None else f"unlimited {unit}"
+        return f"{shown} ({'own' if own is not None else 'default'})"
+
+    tokens = one(limits.token_limit, limits.token_limit_override, "tokens")
+    requests = one(limits.request_limit, limits.request_limit_override, "requests")
+    return f"{limits.model}: {tokens}, {requests}"
 
 
 def preview(p: Preview) -> Row:

@@ -327,6 +327,27 @@ class BatchEstimate(Base):
     expected_miss: Mapped[bool] = mapped_column(Boolean, default=False)
 
 
+class SingletonLease(Base):
+    """A step one process does at a time, and who does it (`app.services.singleton_lease`)."""
+
+    __tablename__ = "singleton_leases"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    owner: Mapped[str | None] = mapped_column(String(128))
+    expires_at: Mapped[float] = mapped_column(Float)
+
+
+class ProjectLimit(Base):
+    """A project's own enqueued limits on one model; None: the settings' default for it."""
+
+    __tablename__ = "project_limits"
+
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id"), primary_key=True)
+    model: Mapped[str] = mapped_column(String(256), primary_key=True)
+    token_limit: Mapped[int | None] = mapped_column(BigInteger)
+    request_limit: Mapped[int | None] = mapped_column(BigInteger)
+
+
 class RegisteredWorker(Base):
     """A worker process as the registry records it, for the dashboard and lease decisions."""
 

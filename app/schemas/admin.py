@@ -35,6 +35,39 @@ class UpdateProjectRequest(RequestModel):
     )
 
 
+# Far above any deployment's need, within a 64-bit column.
+_MAX_LIMIT = 10**15
+
+
+class EnqueuedLimitsObject(BaseModel):
+    """A project's enqueued limits on one model: its own where set, else the deployment's."""
+
+    object: Literal["project.enqueued_limits"] = "project.enqueued_limits"
+    project_id: str
+    project_name: str
+    model: str
+    token_limit: int | None = Field(
+        description="Estimated prompt tokens its unfinished batches may hold; null: no limit."
+    )
+    request_limit: int | None = Field(
+        description="Requests its unfinished batches may hold; null: no limit."
+    )
+    token_limit_override: int | None = Field(
+        description="The project's own token limit; null: the deployment's applies."
+    )
+    request_limit_override: int | None = Field(
+        description="The project's own request limit; null: the deployment's applies."
+    )
+
+
+class UpdateEnqueuedLimitsRequest(RequestModel):
+    """A field left out stays as it is; null puts the deployment's default back."""
+
+    model: str = Field(min_length=1, max_length=256)
+    token_limit: int | None = Field(None, ge=0, le=_MAX_LIMIT)
+    request_limit: int | None = Field(None, ge=0, le=_MAX_LIMIT)
+
+
 class ScheduledBatchObject(BaseModel):
     """Where an open batch stands in its model's schedule (ours; not on OpenAI's Batch)."""
 

@@ -5,13 +5,13 @@ import secrets
 import time
 from dataclasses import dataclass
 
-from sqlalchemy import select
+from sqlalchemy import or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.config import Settings
 from app.db.models import ApiKey, Project
-from app.errors import OpenAIError
+from app.errors import OpenAIError, not_found
 from app.ids import new_id
 
 DEFAULT_PROJECT = "default"
@@ -45,6 +45,16 @@ def ensure_project(session: Session, name: str) -> Project:
         return project
     except IntegrityError:
         return session.scalars(query).one()
+
+
+def find_project(session: Session, name_or_id: str) -> Project:
+    """A project by id or name (the admin routes take either); 404 if none."""
+    project = session.scalar(
+        select(Project).where(or_(Project.id == name_or_id, Project.name == name_or_id))
+    )
+    if project is None:
+        raise not_found("project", name_or_id)
+    return project
 
 
 def create_key(

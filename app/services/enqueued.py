@@ -6,6 +6,10 @@ work finishes. Admission happens in validation's closing transaction, after the 
 is locked (`SELECT … FOR UPDATE` on PostgreSQL; SQLite's transactions are `BEGIN IMMEDIATE`),
 so concurrent validations of one project are serialized and exactly the allowed batches get in.
 
+The limits are the settings' (per model, the same for every project) unless an admin gave the
+project its own on that model (`project_limits`, `POST /v1/admin/projects/{p}/limits`): OpenAI's
+limits are an organization's, so one tenant may be allowed more or less than the others.
+
 Prompt tokens are estimated, not tokenized: the API serves models it has no tokenizer for,
 and a tokenizer reads ~1.3 MB/s where validation streams ~350 MB/s (README, *Enqueued limits*).
 """
@@ -17,8 +21,11 @@ from sqlalchemy.orm import Session
 
 from app.config import Settings
 from app.core.states import TERMINAL_BATCH_STATUSES, ShardStatus
-from app.db.models import Batch, Project, Shard
+from app.db import upsert
+from app.db.models import Batch, Project, ProjectLimit, Shard
+from app.schemas.admin import EnqueuedLimitsObject, UpdateEnqueuedLimitsRequest
 from app.schemas.batches import BatchError
+from app.services.auth import find_project
 
 # Fields of a request body that hold its prompt, across the served endpoints.
 _PROMPT_FIELDS = (
@@ -64,7 +71,7 @@ def admit(
     session: Session, settings: Settings, batch: Batch, model: str, requests: int, tokens: int
 ) -> BatchError | None:
     """None if the batch fits under its project's limits for `model`, else why it does not."""
-    token_limit, request_limit = settings.enqueued_limits(model)
+    token_limit, request_limit = limits(session, settings, batch.project_id, model)
     if token_limit is None and request_limit is None:
         return None
     project = session.scalar(
@@ -84,6 +91,90 @@ def admit(
             f"Limit: {request_limit:,} enqueued requests. {_RETRY}",
         )
     return None
+
+
+def limits(
+    session: Session, settings: Settings, project_id: str, model: str
+) -> tuple[int | None, int | None]:
+    """The project's (tokens, requests) limits on `model`; None: unlimited."""
+    return _limits(settings, model, session.get(ProjectLimit, (project_id, model)))
+
+
+def _limits(
+    settings: Settings, model: str, own: ProjectLimit | None
+) -> tuple[int | None, int | None]:
+    tokens, requests = settings.enqueued_limits(model)
+    if own is None:
+        return tokens, requests
+    return (
+        tokens if own.token_limit is None else own.token_limit,
+        requests if own.request_limit is None else own.request_limit,
+    )
+
+
+def _limits_object(
+    settings: Settings, project: Project, model: str, own: ProjectLimit | None
+) -> EnqueuedLimitsObject:
+    tokens, requests = _limits(settings, model, own)
+    return EnqueuedLimitsObject(
+        project_id=project.id,
+        project_name=project.name,
+        model=model,
+        token_limit=tokens,
+        request_limit=requests,
+        token_limit_override=own.token_limit if own else None,
+        request_limit_override=own.request_limit if own else None,
+    )
+
+
+def limit_objects(
+    session: Session, settings: Settings, name_or_id: str
+) -> list[EnqueuedLimitsObject]:
+    """A project's limits on every served model and every model it has its own limits for."""
+    project = find_project(session, name_or_id)
+    own = {
+        row.model: row
+        for row in session.scalars(
+            select(ProjectLimit).where(ProjectLimit.project_id == project.id)
+        )
+    }
+    models = {m.name for m in settings.models} | own.keys()
+    models |= settings.enqueued_token_limits.keys() | settings.enqueued_request_limits.keys()
+    return [_limits_object(settings, project, m, own.get(m)) for m in sorted(models)]
+
+
+def overridden(session: Session, settings: Settings) -> list[EnqueuedLimitsObject]:
+    """Every project's limits on each model it has its own limits for (the dashboard's list)."""
+    rows = session.execute(
+        select(Project, ProjectLimit)
+        .join(ProjectLimit, ProjectLimit.project_id == Project.id)
+        .order_by(Project.name, ProjectLimit.model)
+    ).all()
+    return [_limits_object(settings, project, own.model, own) for project, own in rows]
+
+
+def set_limits(
+    session: Session, settings: Settings, name_or_id: str, change: UpdateEnqueuedLimitsRequest
+) -> EnqueuedLimitsObject:
+    """Sets the fields `change` carries (null: back to the default); the model's limits after.
+
+    Batches already admitted stay; the next validation of the project counts against these.
+    """
+    project = find_project(session, name_or_id)
+    fields = {f: getattr(change, f) for f in ("token_limit", "request_limit")}
+    values = {f: v for f, v in fields.items() if f in change.model_fields_set}
+    key = {"project_id": project.id, "model": change.model}
+    if values:
+        session.execute(
+            upsert.insert(session, ProjectLimit)
+            .values(**key, **fields)
+            .on_conflict_do_update(index_elements=list(key), set_=values)
+        )
+    own = session.get(ProjectLimit, (project.id, change.model), populate_existing=True)
+    if own is not None and own.token_limit is None and own.request_limit is None:
+        session.delete(own)
+        own = None
+    return _limits_object(settings, project, change.model, own)
 
 
 def enqueued(session: Session, project_id: str, model: str) -> tuple[int, int]:

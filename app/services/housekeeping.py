@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 from app.config import Settings
 from app.db.session import session_scope
+from app.services import singleton_lease
 from app.services.file_expiry import expire_files
 from app.services.schedule import replan
 from app.services.uploads import expire_uploads
@@ -36,6 +37,8 @@ log = logging.getLogger("overnight.housekeeping")
 STALE_TEMP_SECONDS = 24 * 3600
 
 VALIDATION, FINALIZATION, WEBHOOKS = "validation", "finalization", "webhooks"
+# The singleton lease the planner's pass runs under.
+PLANNER = "planner"
 # The planner's period at least: its pass writes estimates, and it need not run faster.
 PLAN_SECONDS = 1.0
 
@@ -75,10 +78,14 @@ def _validate(settings: Settings, owner: str) -> None:
         wake(settings, WEBHOOKS)  # a batch that failed validation has an event to send
 
 
-def plan_schedule(settings: Settings) -> None:
-    """One planner pass: which batches are at risk, and every open batch's ETA."""
+def plan(settings: Settings, owner: str) -> bool:
+    """One planner pass (which batches are at risk, every open batch's ETA) if it is this
+    process's turn: one replica plans at a time; False if another holds the planner's lease."""
     with session_scope(settings) as session:
+        if not singleton_lease.hold(session, PLANNER, owner, settings.lease_seconds):
+            return False
         replan(session, settings.scheduler)
+        return True
 
 
 def tidy(settings: Settings, owner: str) -> None:
@@ -109,11 +116,21 @@ async def housekeeping_loop(settings: Settings, stop: asyncio.Event) -> None:
             _repeat(settings, stop, validate_wake, lambda: _validate(settings, owner)),
             _repeat(settings, stop, tidy_wake, lambda: tidy(settings, owner)),
             _repeat(settings, stop, deliver_wake, lambda: deliver_due(settings, owner)),
-            _repeat(settings, stop, asyncio.Event(), lambda: plan_schedule(settings), PLAN_SECONDS),
+            _repeat(settings, stop, asyncio.Event(), lambda: plan(settings, owner), PLAN_SECONDS),
         )
     finally:
         for undo in unregister:
             undo()
+        await asyncio.to_thread(_release_planner, settings, owner)
+
+
+def _release_planner(settings: Settings, owner: str) -> None:
+    """On shutdown: another replica takes the planner over at its next pass, not at expiry."""
+    try:
+        with session_scope(settings) as session:
+            singleton_lease.release(session, PLANNER, owner)
+    except Exception:
+        log.exception("could not release the planner's lease; it lapses on its own")
 
 
 async def _repeat(

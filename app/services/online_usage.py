@@ -5,10 +5,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sqlalchemy import select
-from sqlalchemy.dialects.postgresql import insert as postgresql_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
+from app.db import upsert
 from app.db.models import OnlineUsage, Project
 
 COUNTERS = ("requests", "input_tokens", "cached_tokens", "output_tokens")
@@ -29,11 +28,10 @@ def add(session: Session, model: str, by_project: Mapping[str, object]) -> None:
 
     An upsert that adds, so that workers recording at once never lose each other's counts.
     """
-    insert = postgresql_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
     now = time.time()
     for project_id, used in by_project.items():
         values = {name: int(getattr(used, name)) for name in COUNTERS}
-        statement = insert(OnlineUsage).values(
+        statement = upsert.insert(session, OnlineUsage).values(
             project_id=project_id, model=model, updated_at=now, **values
         )
         added = {name: getattr(OnlineUsage, name) + statement.excluded[name] for name in COUNTERS}

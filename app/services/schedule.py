@@ -13,15 +13,16 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import func, or_, select, update
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from app.core.schedule import Demand, Estimate, Order, plan
 from app.core.states import TERMINAL_BATCH_STATUSES, BatchStatus
+from app.db import upsert
 from app.db.models import Batch, BatchEstimate, Project, ProjectShare, ResultChunk, Shard
 from app.errors import not_found
 from app.schemas.admin import ProjectObject, ScheduledBatchObject
+from app.services.auth import find_project
 
 # A model's speed is the work its workers recorded over this many seconds.
 SPEED_WINDOW_SECONDS = 60.0
@@ -34,8 +35,7 @@ ETA_TOLERANCE_SECONDS = 1.0
 def _share_insert(session: Session, project_id: str, model: str) -> None:
     """The (project, model) clock row, created once even under concurrent creators."""
     values = {"project_id": project_id, "model": model, "vtime": 0.0, "work_done": 0}
-    dialect = sqlite if session.get_bind().dialect.name == "sqlite" else postgresql
-    session.execute(dialect.insert(ProjectShare).values(values).on_conflict_do_nothing())
+    session.execute(upsert.insert(session, ProjectShare).values(values).on_conflict_do_nothing())
 
 
 def admit(session: Session, batch: Batch) -> None:
@@ -103,15 +103,6 @@ def record_work(session: Session, batch_id: str, work: int) -> tuple[BatchStatus
 # -- weights --
 
 
-def _project(session: Session, name_or_id: str) -> Project:
-    project = session.scalar(
-        select(Project).where(or_(Project.id == name_or_id, Project.name == name_or_id))
-    )
-    if project is None:
-        raise not_found("project", name_or_id)
-    return project
-
-
 def to_project_object(project: Project) -> ProjectObject:
     return ProjectObject(
         id=project.id, name=project.name, created_at=project.created_at, weight=project.weight
@@ -120,7 +111,7 @@ def to_project_object(project: Project) -> ProjectObject:
 
 def set_weight(session: Session, name_or_id: str, weight: float) -> ProjectObject:
     """A project's fair-share weight (by id or name); its clock counts from now at the new rate."""
-    project = _project(session, name_or_id)
+    project = find_project(session, name_or_id)
     project.weight = weight
     return to_project_object(project)
 

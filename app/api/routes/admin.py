@@ -1,5 +1,5 @@
-"""Admin endpoints: projects (their weights), API keys, the schedule and the worker fleet
-(admin key required).
+"""Admin endpoints: projects (their weights and enqueued limits), API keys, the schedule and
+the worker fleet (admin key required).
 
 Each `uow.run` is one committed transaction.
 """
@@ -13,13 +13,15 @@ from app.schemas.admin import (
     ApiKeyRevoked,
     CreateApiKeyRequest,
     CreatedApiKey,
+    EnqueuedLimitsObject,
     ProjectObject,
     ScheduledBatchObject,
+    UpdateEnqueuedLimitsRequest,
     UpdateProjectRequest,
     WorkerObject,
 )
 from app.schemas.common import ListObject
-from app.services import keys, monitoring, schedule
+from app.services import enqueued, keys, monitoring, schedule
 
 router = APIRouter(prefix="/admin", tags=["admin"])
 
@@ -41,6 +43,28 @@ async def modify_project(
     """Set a project's fair-share weight (the project by id or name)."""
     body = await read_json(request, UpdateProjectRequest)
     return await uow.run(schedule.set_weight, project, body.weight)
+
+
+@router.get("/projects/{project}/limits", operation_id="listProjectLimits")
+async def list_project_limits(
+    project: str, _admin: AdminDep, uow: UnitOfWorkDep, settings: SettingsDep
+) -> ListObject[EnqueuedLimitsObject]:
+    """A project's enqueued limits per model: its own where set, else the deployment's."""
+    found = await uow.run(enqueued.limit_objects, settings, project)
+    return ListObject.of(found, has_more=False)
+
+
+@router.post(
+    "/projects/{project}/limits",
+    operation_id="modifyProjectLimits",
+    openapi_extra=json_body_openapi(UpdateEnqueuedLimitsRequest),
+)
+async def modify_project_limits(
+    project: str, request: Request, _admin: AdminDep, uow: UnitOfWorkDep, settings: SettingsDep
+) -> EnqueuedLimitsObject:
+    """Set a project's own enqueued token and request limits on a model (null: the default)."""
+    body = await read_json(request, UpdateEnqueuedLimitsRequest)
+    return await uow.run(enqueued.set_limits, settings, project, body)
 
 
 @router.get("/schedule", operation_id="listSchedule")

@@ -221,7 +221,8 @@ async function createKey(form) {
   }
 }
 
-// A form posted as JSON: repeated names (checkboxes) become lists.
+// A form posted as JSON: repeated names (checkboxes) become lists. Posted to its `data-url`
+// (or `action`); a form in a table no feed refreshes (`data-reload`) reloads the page after.
 async function submitJson(form) {
   const body = {};
   for (const [key, value] of new FormData(form)) {
@@ -233,7 +234,12 @@ async function submitJson(form) {
     if (!(box.name in body)) body[box.name] = [];
   }
   try {
-    const result = await request(form.dataset.url, { method: "POST", headers: ACTION_HEADERS, body: JSON.stringify(body) });
+    const url = form.dataset.url || form.getAttribute("action");
+    const result = await request(url, { method: "POST", headers: ACTION_HEADERS, body: JSON.stringify(body) });
+    if ("reload" in form.dataset) {
+      location.reload();
+      return;
+    }
     if (result && result.secret) {
       showSecret(form, result.secret);
       form.reset();
@@ -254,18 +260,6 @@ document.addEventListener("DOMContentLoaded", () => {
   }
   for (const select of document.querySelectorAll("select[data-autosubmit]")) {
     select.addEventListener("change", () => select.form.submit());
-  }
-  for (const form of document.querySelectorAll("form[data-json-form]")) {
-    form.addEventListener("submit", async (ev) => {
-      ev.preventDefault();
-      const body = JSON.stringify(Object.fromEntries(new FormData(form)));
-      try {
-        await request(form.getAttribute("action"), { method: "POST", headers: ACTION_HEADERS, body });
-        location.reload();
-      } catch (e) {
-        flash(e.message);
-      }
-    });
   }
   const keyForm = document.querySelector("form[data-create-key]");
   if (keyForm) {
