@@ -2,9 +2,7 @@
 
 import os
 import secrets
-import threading
 from collections.abc import Iterator
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import boto3
@@ -13,7 +11,7 @@ import openai
 import pytest
 
 from app.config import Settings
-from tests.file_server import Files
+from tests.file_server import serving_files
 from tests.harness import RunningServer, fresh_database, running_server, s3_server
 
 BACKENDS = ["sqlite", "postgresql"]
@@ -110,8 +108,5 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.fixture
 def file_server() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Files)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_port}"
-    server.shutdown()
+    with serving_files() as url:
+        yield url

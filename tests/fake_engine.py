@@ -42,6 +42,9 @@ class FakeEngine:
         self.peak = max(self.peak, self.running)
         try:
             await asyncio.sleep(float(body.get("delay", self.delay)))
+        except asyncio.CancelledError:
+            # As vLLM's serving objects do: a cancelled request is answered, not raised.
+            return error_result(400, "Client disconnected")
         finally:
             self.running -= 1
         if body.get("stream"):

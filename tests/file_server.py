@@ -1,6 +1,9 @@
 """A local HTTP file server for tests: GET what `Files.served` holds, PUT into `Files.received`."""
 
 import http.server
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, ClassVar
 
 
@@ -31,3 +34,15 @@ class Files(http.server.BaseHTTPRequestHandler):
 
     def log_message(self, *args: Any) -> None:
         pass
+
+
+@contextmanager
+def serving_files() -> Iterator[str]:
+    """`Files` on a loopback port, in a thread; yields its base URL."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Files)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()

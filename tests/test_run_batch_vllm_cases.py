@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from typing import Any
 import pytest
 
 from tests.engine_fixtures import ENGINE_ENV, REPO
-from tests.file_server import Files
+from tests.file_server import Files, serving_files
 from tests.tiny_whisper import build_tiny_whisper, tone_wav
 from worker.models import ensure_converted, minilm_dir
 
@@ -229,19 +230,71 @@ class Run:
         return iter(self.contents.strip().split("\n"))
 
 
-def run_batch(models: Models, tmp_path: Path, data: str, model: str, *flags: str) -> Run:
-    """The runner on `data`, the output read through a handle opened before the run."""
+Runs = dict[str, Future[Run]]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One of vLLM's cases: its input, the model it names and the runner's extra flags."""
+
+    data: str
+    model: str
+    flags: tuple[str, ...] = ()
+
+
+def cases(file_server: str) -> dict[str, Case]:
+    """Every case, in the order the tests below read them."""
+    audio = f"{file_server}/mary_had_lamb.wav"
+    tools = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
+    return {
+        "empty": Case("", EMBEDDING_MODEL_NAME),
+        "completions": Case(INPUT_BATCH, CHAT_MODEL_NAME),
+        "invalid": Case(INVALID_INPUT_BATCH, CHAT_MODEL_NAME),
+        "embeddings": Case(INPUT_EMBEDDING_BATCH, EMBEDDING_MODEL_NAME),
+        "score": Case(INPUT_SCORE_BATCH, RERANKER_MODEL_NAME),
+        "rerank": Case(INPUT_RERANK_BATCH, RERANKER_MODEL_NAME),
+        "reasoning": Case(
+            INPUT_REASONING_BATCH, REASONING_MODEL_NAME, ("--reasoning-parser", "qwen3")
+        ),
+        "tools": Case(INPUT_TOOL_CALLING_BATCH, REASONING_MODEL_NAME, tools),
+        "transcription": Case(INPUT_TRANSCRIPTION_BATCH, SPEECH_LARGE_MODEL_NAME),
+        "transcription_http": Case(transcription_http_batch(audio), SPEECH_LARGE_MODEL_NAME),
+        "translation": Case(translation_batch(audio), SPEECH_SMALL_MODEL_NAME),
+    }
+
+
+# Runners started ahead, two at a time: most of a runner's life is its engine's start, mostly
+# one process importing at a time, so two overlap well on two cores.
+RUNS_AT_ONCE = 2
+
+
+@pytest.fixture(scope="module")
+def runs(models: Models, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
+    """Every case's run, started ahead in the tests' order; each test waits for its own."""
+    Files.served["/mary_had_lamb.wav"] = tone_wav()
+    with serving_files() as url, ThreadPoolExecutor(RUNS_AT_ONCE) as pool:
+        started = {
+            name: pool.submit(run_batch, models, tmp_path_factory.mktemp(name), case)
+            for name, case in cases(url).items()
+        }
+        yield started
+        for run in started.values():
+            run.cancel()
+
+
+def run_batch(models: Models, tmp_path: Path, case: Case) -> Run:
+    """The runner on the case's input, the output read through a handle opened before the run."""
     if OURS:
         command = [sys.executable, "-m", "app.cli", "run-batch"]
     else:
         command = [sys.executable, "-m", "vllm.entrypoints.openai.run_batch"]
     source = tmp_path / "input.jsonl"
-    source.write_text(data)
+    source.write_text(case.data)
     env = {**os.environ, **ENGINE_ENV, "OVERNIGHT_DATA_DIR": str(models.data_dir)}
     with tempfile.NamedTemporaryFile("r", dir=tmp_path, suffix=".jsonl") as output_file:
-        args = ["-i", str(source), "-o", output_file.name, *models.args(model), *ENGINE_FLAGS]
+        args = ["-i", str(source), "-o", output_file.name, *models.args(case.model)]
         proc = subprocess.run(
-            [*command, *args, *flags],
+            [*command, *args, *ENGINE_FLAGS, *case.flags],
             env=env,
             capture_output=True,
             text=True,
@@ -266,14 +319,14 @@ def assert_clean_exit(run: Run) -> None:
         assert "Traceback" not in run.stderr and "leaked" not in run.stderr, run.stderr[-3000:]
 
 
-def test_empty_file(models: Models, tmp_path: Path) -> None:
-    run = run_batch(models, tmp_path, "", EMBEDDING_MODEL_NAME)
+def test_empty_file(runs: Runs) -> None:
+    run = runs["empty"].result()
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.contents.strip() == ""
 
 
-def test_completions(models: Models, tmp_path: Path) -> None:
-    run = run_batch(models, tmp_path, INPUT_BATCH, CHAT_MODEL_NAME)
+def test_completions(runs: Runs) -> None:
+    run = runs["completions"].result()
     lines = validated(run)
     assert_clean_exit(run)
     if OURS:  # vLLM's line for line: answers, then one error line per bad line, in order
@@ -286,32 +339,30 @@ def test_completions(models: Models, tmp_path: Path) -> None:
         assert "/bad_url" in lines[3]["error"]["error"]["message"]
 
 
-def test_completions_invalid_input(models: Models, tmp_path: Path) -> None:
-    run = run_batch(models, tmp_path, INVALID_INPUT_BATCH, CHAT_MODEL_NAME)
+def test_completions_invalid_input(runs: Runs) -> None:
+    run = runs["invalid"].result()
     assert run.returncode != 0
     if OURS:
         assert "line 1:" in run.stderr and "custom_id" in run.stderr
 
 
-def test_embeddings(models: Models, tmp_path: Path) -> None:
-    run = run_batch(models, tmp_path, INPUT_EMBEDDING_BATCH, EMBEDDING_MODEL_NAME)
+def test_embeddings(runs: Runs) -> None:
+    run = runs["embeddings"].result()
     lines = validated(run)
     assert_clean_exit(run)
     if OURS:
         assert [line["response"]["status_code"] for line in lines] == [200, 200, 200, 404]
 
 
-@pytest.mark.parametrize("input_batch", [INPUT_SCORE_BATCH, INPUT_RERANK_BATCH])
-def test_score(models: Models, tmp_path: Path, input_batch: str) -> None:
-    run = run_batch(models, tmp_path, input_batch, RERANKER_MODEL_NAME)
+@pytest.mark.parametrize("case", ["score", "rerank"])
+def test_score(runs: Runs, case: str) -> None:
+    run = runs[case].result()
     for line in validated(run):
         assert line["error"] is None
 
 
-def test_reasoning_parser(models: Models, tmp_path: Path) -> None:
-    run = run_batch(
-        models, tmp_path, INPUT_REASONING_BATCH, REASONING_MODEL_NAME, "--reasoning-parser", "qwen3"
-    )
+def test_reasoning_parser(runs: Runs) -> None:
+    run = runs["reasoning"].result()
     for line in validated(run):
         assert line["error"] is None
         reasoning = line["response"]["body"]["choices"][0]["message"]["reasoning"]
@@ -319,16 +370,8 @@ def test_reasoning_parser(models: Models, tmp_path: Path) -> None:
         assert len(reasoning) > 0
 
 
-def test_tool_calling(models: Models, tmp_path: Path) -> None:
-    run = run_batch(
-        models,
-        tmp_path,
-        INPUT_TOOL_CALLING_BATCH,
-        REASONING_MODEL_NAME,
-        "--enable-auto-tool-choice",
-        "--tool-call-parser",
-        "hermes",
-    )
+def test_tool_calling(runs: Runs) -> None:
+    run = runs["tools"].result()
     for line in validated(run):
         assert line["error"] is None
         message = line["response"]["body"]["choices"][0]["message"]
@@ -355,24 +398,20 @@ def answered_bodies(run: Run) -> list[dict[str, Any]]:
     return bodies
 
 
-def test_transcription(models: Models, tmp_path: Path) -> None:
-    run = run_batch(models, tmp_path, INPUT_TRANSCRIPTION_BATCH, SPEECH_LARGE_MODEL_NAME)
+def test_transcription(runs: Runs) -> None:
+    run = runs["transcription"].result()
     for body in answered_bodies(run):
         assert "text" in body and "usage" in body
 
 
-def test_transcription_http_url(models: Models, tmp_path: Path, file_server: str) -> None:
-    Files.served["/mary_had_lamb.wav"] = tone_wav()
-    data = transcription_http_batch(f"{file_server}/mary_had_lamb.wav")
-    run = run_batch(models, tmp_path, data, SPEECH_LARGE_MODEL_NAME)
+def test_transcription_http_url(runs: Runs) -> None:
+    run = runs["transcription_http"].result()
     for body in answered_bodies(run):
         assert "text" in body and "usage" in body
         assert isinstance(body["text"], str)  # the transcript itself: not with random weights
 
 
-def test_translation(models: Models, tmp_path: Path, file_server: str) -> None:
-    Files.served["/mary_had_lamb.wav"] = tone_wav()
-    data = translation_batch(f"{file_server}/mary_had_lamb.wav")
-    run = run_batch(models, tmp_path, data, SPEECH_SMALL_MODEL_NAME)
+def test_translation(runs: Runs) -> None:
+    run = runs["translation"].result()
     for body in answered_bodies(run):
         assert isinstance(body["text"], str)

@@ -575,4 +575,7 @@ def test_two_projects_progress_together_and_the_later_small_batch_ends_first(
         assert a_at_b_end.request_counts.completed > a_at_b_start.completed
         assert a_at_b_end.request_counts.completed < 640
         assert b.completed == 16
-        wait_status(client, big, "completed", timeout=600)
+        try:
+            wait_status(client, big, "completed", timeout=240)
+        except AssertionError as stuck:
+            raise AssertionError(f"{stuck}\n{local.workers['chat-1'].tail(20000)}") from None

@@ -235,7 +235,12 @@ class Scheduler:
             self._fail(exc)
             return
         self._in_flight.pop(job, None)
-        self._complete(job, result)
+        if job.preempted and not job.aborted:
+            # vLLM's serving answers a cancelled request ("Client disconnected") instead of
+            # raising: that answer is the preemption's, never the request's result.
+            self._requeue(job)
+        else:
+            self._complete(job, result)
         self._pump()
 
     def _requeue(self, job: Job) -> None:

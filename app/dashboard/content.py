@@ -108,9 +108,10 @@ def worker_rows(session: Session, lease: float) -> list[views.Row]:
     return [views.worker_row(w) for w in monitoring.list_workers(session, lease)]
 
 
-def online_rows(session: Session) -> list[views.Row]:
-    """Each project's use of the workers' online APIs, by model."""
-    return [views.online_row(row) for row in online_usage.totals(session)]
+def workers_page(session: Session, lease: float) -> dict[str, list[views.Row]]:
+    """The workers, and each project's use of their online APIs by model, as of one moment."""
+    online = [views.online_row(row) for row in online_usage.totals(session)]
+    return {"rows": worker_rows(session, lease), "online": online}
 
 
 def worker_detail(session: Session, worker_id: str, lease: float) -> views.Row:

@@ -211,9 +211,8 @@ async def files_page(
 async def workers_page(
     request: Request, _login: PageLogin, uow: UnitOfWorkDep, settings: SettingsDep
 ) -> Response:
-    rows = await uow.run(content.worker_rows, settings.lease_seconds)
-    online = await uow.run(content.online_rows)
-    return await _page(request, uow, "workers.html", rows=rows, online=online)
+    found = await uow.run(content.workers_page, settings.lease_seconds)
+    return await _page(request, uow, "workers.html", **found)
 
 
 @router.get("/workers/{worker_id}", response_class=HTMLResponse)
