@@ -17,16 +17,17 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from sqlalchemy.orm import Session
 
+from app.db.session import TRANSACTION_THREADS
+
 P = ParamSpec("P")
 T = TypeVar("T")
 
 # Transactions run on threads of their own, not on the pool that streams bytes (uploads,
 # downloads), so that a big upload never queues a retrieve behind its writes. A few threads
 # do: a transaction is short, and every extra runnable thread costs CPU in GIL hand-offs
-# (at 200 concurrent requests, anyio's 40 cost more than the requests' own work). Within
-# the database pools' size (SQLite 15 connections, PostgreSQL 40), so no thread waits for
-# a connection.
-_THREADS = ThreadPoolExecutor(max_workers=12, thread_name_prefix="overnight-transaction")
+# (at 200 concurrent requests, anyio's 40 cost more than the requests' own work). Each
+# engine's pool keeps a connection for every one of them (`POOL_SIZE`).
+_THREADS = ThreadPoolExecutor(TRANSACTION_THREADS, thread_name_prefix="overnight-transaction")
 
 
 class UnitOfWork:

@@ -15,6 +15,11 @@ import migrations
 from app.config import Settings
 
 READ_ONLY = "overnight_read_only"
+# Threads the API's request transactions run on (app/api/unit_of_work.py), and the
+# connections each engine keeps: those, plus some for the background loops. An engine closes
+# a connection returned beyond its pool's size, and a reconnect costs what dozens of reads do.
+TRANSACTION_THREADS = 12
+POOL_SIZE = TRANSACTION_THREADS + 4
 
 
 def _configure_sqlite(engine: Engine) -> None:
@@ -43,12 +48,18 @@ def _configure_sqlite(engine: Engine) -> None:
 def make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
         path = url.removeprefix("sqlite:///")
-        if path and path != ":memory:":
+        in_memory = path in ("", ":memory:")  # SQLAlchemy keeps its own pool for these
+        if not in_memory:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        pool: dict[str, Any] = (
+            {} if in_memory else {"pool_size": POOL_SIZE, "max_overflow": POOL_SIZE}
+        )
+        engine = create_engine(
+            url, connect_args={"check_same_thread": False, "timeout": 30}, **pool
+        )
         _configure_sqlite(engine)
         return engine
-    return create_engine(url, pool_size=10, max_overflow=30, pool_pre_ping=True)
+    return create_engine(url, pool_size=POOL_SIZE, max_overflow=24, pool_pre_ping=True)
 
 
 @lru_cache
