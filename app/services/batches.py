@@ -194,7 +194,10 @@ _LIVE = tuple(f"live_{name}" for name in PROGRESS_FIELDS)
 _WITH_LIVE = (
     select(
         *_WIRE_COLUMNS,
-        *(func.sum(getattr(Shard, name)).label(f"live_{name}") for name in PROGRESS_FIELDS),
+        *(
+            func.sum(getattr(Shard, name)).label(live)
+            for name, live in zip(PROGRESS_FIELDS, _LIVE, strict=True)
+        ),
     )
     .select_from(Batch)
     .outerjoin(
