@@ -309,6 +309,16 @@ def test_objects_of_another_project_are_invisible(server: RunningServer) -> None
         assert isinstance(_sdk_error(lambda: b.batches.cancel(batch.id)), openai.NotFoundError)
         assert [x.id for x in b.batches.list()] == []
         assert [x.id for x in a.batches.list()] == [batch.id]
+        assert [x.id for x in a.batches.list(after=batch.id)] == []  # a known cursor, last page
+    with httpx.Client(base_url=server.url, headers={"authorization": f"Bearer {key_b}"}) as http:
+        # Another project's batch is as unknown a cursor as a made-up id.
+        for after in (batch.id, "batch_nonexistent"):
+            response = http.get("/v1/batches", params={"after": after})
+            error = assert_error(response, 400, param="after")
+            assert error["code"] == "invalid_value"
+            assert (
+                error["message"] == f"Invalid 'after': no object with id '{after}' to page after."
+            )
 
 
 # --- cancellation ------------------------------------------------------------------------
@@ -488,3 +498,60 @@ def test_a_queued_batch_expires_without_a_worker(settings: Settings) -> None:
         )
         assert len(output) + len(errors) - len(unrun) == 10
         assert _sdk_error(lambda: client.batches.cancel(batch_id)).status_code == 409
+
+
+def test_retrieve_and_list_sum_a_running_batch_s_shards_and_show_a_finished_one_s_totals(
+    client: openai.OpenAI, server: RunningServer, http: httpx.Client
+) -> None:
+    settings = server.settings
+    file_id = upload(client, sim.requests_file(1))
+    params = CreateBatchRequest(
+        input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    with session_scope(settings) as session:
+        project_id = ensure_project(session, DEFAULT_PROJECT).id
+        running, done, queued = (
+            service.create_batch(session, settings, project_id, params).id for _ in range(3)
+        )
+        session.execute(update(Batch).where(Batch.id == running).values(status="in_progress"))
+        session.execute(
+            update(Batch)
+            .where(Batch.id == done)
+            .values(status="completed", total=9, completed=7, failed=2, input_tokens=70)
+        )
+        for batch_id in (running, done):
+            for index, (ok, bad) in enumerate([(3, 1), (2, 0)]):
+                session.add(
+                    Shard(
+                        batch_id=batch_id,
+                        index=index,
+                        first_line=1,
+                        line_count=4,
+                        byte_start=0,
+                        byte_end=1,
+                        status="running",
+                        completed=ok,
+                        failed=bad,
+                        input_tokens=10 * ok,
+                        output_tokens=ok,
+                    )
+                )
+
+    def counts(batch: dict[str, Any]) -> tuple[int, int, int, int]:
+        usage = batch["usage"]
+        return (
+            batch["request_counts"]["completed"],
+            batch["request_counts"]["failed"],
+            usage["input_tokens"],
+            usage["total_tokens"],
+        )
+
+    listed = {b["id"]: b for b in http.get("/v1/batches").json()["data"]}
+    for batch_id, expected in [
+        (running, (5, 1, 50, 55)),  # the shards' sums
+        (done, (7, 2, 70, 70)),  # its own totals, whatever its shards say
+        (queued, (0, 0, 0, 0)),  # no shard yet
+    ]:
+        assert counts(listed[batch_id]) == expected
+        assert counts(http.get(f"/v1/batches/{batch_id}").json()) == expected
+    assert client.batches.retrieve(running).request_counts.completed == 5  # strict SDK shape

@@ -33,9 +33,10 @@ def _sessions(request: Request, settings: Settings) -> sessionmaker[Session]:
     return factory(settings.sqlalchemy_url)
 
 
-async def get_unit_of_work(request: Request, settings: SettingsDep) -> AsyncIterator[UnitOfWork]:
+async def get_unit_of_work(request: Request) -> AsyncIterator[UnitOfWork]:
     # No connection is taken before `run`: opening and closing the session here is cheap.
-    with _sessions(request, settings)(autobegin=False) as session:
+    # The settings are read here, not through `SettingsDep`: a dependency costs more.
+    with _sessions(request, request.app.state.settings)(autobegin=False) as session:
         yield UnitOfWork(session)
 
 

@@ -15,6 +15,11 @@ import migrations
 from app.config import Settings
 
 READ_ONLY = "overnight_read_only"
+# Threads the API's request transactions run on (app/api/unit_of_work.py), and the
+# connections each engine keeps: those, plus some for the background loops. An engine closes
+# a connection returned beyond its pool's size, and a reconnect costs what dozens of reads do.
+TRANSACTION_THREADS = 12
+POOL_SIZE = TRANSACTION_THREADS + 4
 
 
 def _configure_sqlite(engine: Engine) -> None:
@@ -35,18 +40,26 @@ def _configure_sqlite(engine: Engine) -> None:
     def _on_begin(conn: Any) -> None:
         # Readers need no lock in WAL mode: a read-only session begins deferred.
         read_only = conn.get_execution_options().get(READ_ONLY, False)
-        conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
+        # On the driver's connection: through SQLAlchemy's execution, a BEGIN costs as
+        # much as a request's query.
+        conn.connection.driver_connection.execute("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
 
 def make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
         path = url.removeprefix("sqlite:///")
-        if path and path != ":memory:":
+        in_memory = path in ("", ":memory:")  # SQLAlchemy keeps its own pool for these
+        if not in_memory:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        pool: dict[str, Any] = (
+            {} if in_memory else {"pool_size": POOL_SIZE, "max_overflow": POOL_SIZE}
+        )
+        engine = create_engine(
+            url, connect_args={"check_same_thread": False, "timeout": 30}, **pool
+        )
         _configure_sqlite(engine)
         return engine
-    return create_engine(url, pool_size=10, max_overflow=30, pool_pre_ping=True)
+    return create_engine(url, pool_size=POOL_SIZE, max_overflow=24, pool_pre_ping=True)
 
 
 @lru_cache

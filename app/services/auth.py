@@ -97,6 +97,7 @@ class Access:
     def __init__(self, started_open: bool) -> None:
         self.started_open = started_open
         self._open = started_open
+        self._open_principal: Principal | None = None
 
     @classmethod
     def at_startup(cls, session: Session, settings: Settings) -> "Access":
@@ -106,6 +107,13 @@ class Access:
         if self._open and keys_configured(session, settings):
             self._open = False
         return self._open
+
+    def open_principal(self, session: Session) -> Principal:
+        """Whoever calls while the API is open: the default project's admin. Its id is
+        read once (a project is never deleted), so an open request costs one query."""
+        if self._open_principal is None:
+            self._open_principal = Principal(ensure_project(session, DEFAULT_PROJECT).id, "admin")
+        return self._open_principal
 
     def describe(self, session: Session, settings: Settings) -> str:
         """`open` or `keys_required`, for /readyz and the start-up banner."""
@@ -137,7 +145,7 @@ def keyless_principal(
     """A caller whose token is no key: the default project in open mode, else a 401."""
     if access.is_open(session, settings):
         # Open mode: any token (the SDK insists on sending one) is the default project.
-        return Principal(ensure_project(session, DEFAULT_PROJECT).id, "admin")
+        return access.open_principal(session)
     if token is None:
         raise OpenAIError(
             "Missing bearer authentication in header. You need to provide your API key in "

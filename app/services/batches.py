@@ -1,9 +1,10 @@
 """The Batches API's work: create (synchronous checks), retrieve, list and cancel."""
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
+from typing import Any
 
-from sqlalchemy import bindparam, func, select, update
+from sqlalchemy import Row, and_, bindparam, func, select, update
 from sqlalchemy.orm import Session
 
 from app.config import Settings
@@ -24,7 +25,7 @@ from app.schemas.batches import (
 )
 from app.schemas.common import ListObject
 from app.services.files import get_file
-from app.services.pagination import check_limit, paginate
+from app.services.pagination import Pages, check_limit
 
 MAX_METADATA_PAIRS = 16
 MAX_METADATA_KEY_CHARS = 64
@@ -118,8 +119,7 @@ def _too_long(param: str, limit: int, got: int, what: str) -> OpenAIError:
 
 
 def get_batch(session: Session, project_id: str, batch_id: str) -> BatchObject:
-    batch = _find(session, project_id, batch_id)
-    return _present(session, [batch])[0]
+    return _to_wire_live(_find(session, project_id, batch_id))
 
 
 def list_batches(
@@ -127,15 +127,8 @@ def list_batches(
 ) -> ListObject[BatchObject]:
     """Newest first; `after` is the id of the last batch of the previous page."""
     check_limit(limit, MAX_LIST_LIMIT)
-    page = paginate(
-        session,
-        Batch,
-        scope=[Batch.project_id == project_id],
-        after=after,
-        limit=limit,
-        order="desc",
-    )
-    return ListObject[BatchObject].of(_present(session, page.rows), page.has_more)
+    page = _PAGES.page(session, {"project_id": project_id}, after=after, limit=limit, order="desc")
+    return ListObject[BatchObject].of([_to_wire_live(row) for row in page.rows], page.has_more)
 
 
 def cancel_batch(session: Session, project_id: str, batch_id: str) -> BatchObject:
@@ -157,7 +150,7 @@ def cancel_batch(session: Session, project_id: str, batch_id: str) -> BatchObjec
             status_code=409,
             type="invalid_request_error",
         )
-    return _present(session, [batch])[0]
+    return _to_wire_live(batch)
 
 
 def cancel_any_batch(session: Session, batch_id: str) -> BatchObject:
@@ -168,12 +161,55 @@ def cancel_any_batch(session: Session, batch_id: str) -> BatchObject:
     return cancel_batch(session, project_id, batch_id)
 
 
-# Built once: building a statement costs more than running it on a warm connection.
-_BATCH_BY_ID = (
-    select(Batch)
-    .where(Batch.id == bindparam("batch_id"), Batch.project_id == bindparam("project_id"))
-    .execution_options(populate_existing=True)
+# The columns `to_wire` reads, then the sums over the batch's shards while it runs (none
+# once it is terminal): a batch and its live progress in one query, as Core rows (loading
+# ORM objects costs more than the query).
+_WIRE_COLUMNS = (
+    Batch.id,
+    Batch.endpoint,
+    Batch.model,
+    Batch.errors,
+    Batch.input_file_id,
+    Batch.completion_window,
+    Batch.status,
+    Batch.output_file_id,
+    Batch.error_file_id,
+    Batch.created_at,
+    Batch.in_progress_at,
+    Batch.expires_at,
+    Batch.finalizing_at,
+    Batch.completed_at,
+    Batch.failed_at,
+    Batch.expired_at,
+    Batch.cancelling_at,
+    Batch.cancelled_at,
+    Batch.total,
+    Batch.cancelled,
+    Batch.expired,
+    Batch.metadata_.label("metadata_"),
+    *(getattr(Batch, name) for name in PROGRESS_FIELDS),
 )
+_LIVE = tuple(f"live_{name}" for name in PROGRESS_FIELDS)
+# Grouped by the primary key, so that every batch column may be selected (PostgreSQL too).
+_WITH_LIVE = (
+    select(
+        *_WIRE_COLUMNS,
+        *(
+            func.sum(getattr(Shard, name)).label(live)
+            for name, live in zip(PROGRESS_FIELDS, _LIVE, strict=True)
+        ),
+    )
+    .select_from(Batch)
+    .outerjoin(
+        Shard, and_(Shard.batch_id == Batch.id, Batch.status.not_in(TERMINAL_BATCH_STATUSES))
+    )
+    .group_by(Batch.seq)
+)
+# Built once: building a statement costs more than running it on a warm connection.
+_BATCH_BY_ID = _WITH_LIVE.where(
+    Batch.id == bindparam("batch_id"), Batch.project_id == bindparam("project_id")
+)
+_PAGES = Pages(Batch, query=_WITH_LIVE, scope=[Batch.project_id == bindparam("project_id")])
 _LIVE_PROGRESS = (
     select(Shard.batch_id, *(func.sum(getattr(Shard, name)) for name in PROGRESS_FIELDS))
     .where(Shard.batch_id.in_(bindparam("batch_ids", expanding=True)))
@@ -181,18 +217,20 @@ _LIVE_PROGRESS = (
 )
 
 
-def _find(session: Session, project_id: str, batch_id: str) -> Batch:
-    batch = session.scalar(_BATCH_BY_ID, {"batch_id": batch_id, "project_id": project_id})
-    if batch is None:
-        raise not_found("Batch", batch_id)
-    return batch
-
-
-def _present(session: Session, batches: Sequence[Batch]) -> list[BatchObject]:
-    live = live_progress(
-        session, [b.id for b in batches if b.status not in TERMINAL_BATCH_STATUSES]
+def _find(session: Session, project_id: str, batch_id: str) -> Row[*tuple[Any, ...]]:
+    """The batch's wire columns and live sums (`_WITH_LIVE`), or OpenAI's 404."""
+    row = (
+        session.connection()
+        .execute(_BATCH_BY_ID, {"batch_id": batch_id, "project_id": project_id})
+        .first()
     )
-    return [to_wire(b, live.get(b.id, Progress())) for b in batches]
+    if row is None:
+        raise not_found("Batch", batch_id)
+    return row
+
+
+def _to_wire_live(row: Row[*tuple[Any, ...]]) -> BatchObject:
+    return to_wire(row, Progress(*(int(getattr(row, live) or 0) for live in _LIVE)))
 
 
 def live_progress(session: Session, batch_ids: Iterable[str]) -> dict[str, Progress]:
@@ -204,8 +242,9 @@ def live_progress(session: Session, batch_ids: Iterable[str]) -> dict[str, Progr
     return {row[0]: Progress(*(int(v or 0) for v in row[1:])) for row in rows}
 
 
-def to_wire(batch: Batch, live: Progress) -> BatchObject:
-    """The Batch object; a terminal batch shows its own final totals, a running one `live`."""
+def to_wire(batch: Batch | Row[*tuple[Any, ...]], live: Progress) -> BatchObject:
+    """The Batch object, of a `Batch` or a row of its columns with the same names; a
+    terminal batch shows its own final totals, a running one `live`."""
     if batch.status in TERMINAL_BATCH_STATUSES:
         live = Progress.of(batch)
     return BatchObject(

@@ -1,16 +1,16 @@
 """Cursor pagination in creation order, shared by every list endpoint.
 
 Rows are ordered by their integer `seq` (creation order without ties); the cursor
-`after` is a public id and is exclusive. The cursor is looked up within the
-caller's scope only, so another project's id is as unknown as a made-up one, but a
-cursor object deleted since the previous page still works.
+`after` is a public id and is exclusive. The cursor is looked up within the caller's
+scope only (in the page's own query), so another project's id is as unknown as a made-up
+one, but a cursor object deleted since the previous page still works.
 """
 
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from sqlalchemy import ColumnElement, select
+from sqlalchemy import ColumnElement, Integer, Select, bindparam, select
 from sqlalchemy.orm import Session
 
 from app.errors import OpenAIError
@@ -43,31 +43,64 @@ def check_limit(limit: int, maximum: int) -> None:
         )
 
 
-def paginate(
-    session: Session,
-    model: type[Any],
-    *,
-    scope: Sequence[ColumnElement[bool]],
-    visible: Sequence[ColumnElement[bool]] = (),
-    after: str | None,
-    limit: int,
-    order: Order,
-) -> Page[Any]:
-    """One page of `model` rows (a table with `id` and `seq`), after the row `after`.
+class Pages:
+    """The page queries of one list: `model` rows (a table with `id` and `seq`), or with
+    `query` (a select from `model`'s table) its Core rows.
 
-    `scope` (e.g. the project) also bounds the cursor lookup; `visible` (e.g. not
-    deleted, a purpose filter) only filters the page.
+    `scope` (e.g. the project) also bounds the cursor lookup; `visible` (e.g. not deleted)
+    only filters the page. Both are written with bind parameters, whose values each call
+    passes: the statements are built once, as building one (and matching a cached
+    compilation to it) costs more than running it on a warm connection.
     """
-    stmt = select(model).where(*scope, *visible)
-    if after is not None:
-        cursor = session.scalar(select(model.seq).where(*scope, model.id == after))
-        if cursor is None:
+
+    def __init__(
+        self,
+        model: type[Any],
+        *,
+        query: Select[*tuple[Any, ...]] | None = None,
+        scope: Sequence[ColumnElement[bool]],
+        visible: Sequence[ColumnElement[bool]] = (),
+    ) -> None:
+        self._model = model
+        self._entities = query is None
+        self._base = (select(model) if query is None else query).where(*scope, *visible)
+        self._cursor = select(model.seq).where(*scope, model.id == bindparam("after"))
+        self._statements: dict[tuple[Order, bool], Select[*tuple[Any, ...]]] = {}
+
+    def _statement(self, order: Order, after: bool) -> Select[*tuple[Any, ...]]:
+        stmt = self._statements.get((order, after))
+        if stmt is None:
+            seq = self._model.seq
+            stmt = self._base
+            if after:
+                cursor = self._cursor.scalar_subquery()
+                stmt = stmt.where(seq < cursor if order == "desc" else seq > cursor)
+            ordering = seq.desc() if order == "desc" else seq.asc()
+            stmt = stmt.order_by(ordering).limit(bindparam("page_limit", type_=Integer))
+            self._statements[(order, after)] = stmt
+        return stmt
+
+    def page(
+        self,
+        session: Session,
+        params: dict[str, Any],
+        *,
+        after: str | None,
+        limit: int,
+        order: Order,
+    ) -> Page[Any]:
+        """The page after the row `after` (exclusive); `params` are the bind values."""
+        values = {**params, "after": after, "page_limit": limit + 1}
+        stmt = self._statement(order, after is not None)
+        rows: Sequence[Any] = (
+            session.scalars(stmt, values).all()
+            if self._entities
+            else session.connection().execute(stmt, values).all()
+        )
+        if not rows and after is not None and session.scalar(self._cursor, values) is None:
             raise OpenAIError(
                 f"Invalid 'after': no object with id '{after}' to page after.",
                 param="after",
                 code="invalid_value",
             )
-        stmt = stmt.where(model.seq < cursor if order == "desc" else model.seq > cursor)
-    ordering = model.seq.desc() if order == "desc" else model.seq.asc()
-    rows = session.scalars(stmt.order_by(ordering).limit(limit + 1)).all()
-    return Page(rows[:limit], has_more=len(rows) > limit)
+        return Page(rows[:limit], has_more=len(rows) > limit)

@@ -6,7 +6,7 @@ project with `project` (its name, as the keys API does); a member manages its ow
 
 import time
 
-from sqlalchemy import ColumnElement, delete, select
+from sqlalchemy import ColumnElement, bindparam, delete, select
 from sqlalchemy.orm import Session
 
 from app.config import Settings
@@ -23,12 +23,19 @@ from app.schemas.webhooks import (
     WebhookEndpointWithSecret,
 )
 from app.services.auth import Principal
-from app.services.pagination import check_limit, paginate
+from app.services.pagination import Pages, check_limit
 from app.services.webhook_targets import check_url
 
 DEFAULT_LIST_LIMIT = 20
 MAX_LIST_LIMIT = 100
 ROTATION_GRACE_SECONDS = 24 * 3600
+_ENDPOINT_PAGES = Pages(WebhookEndpoint, scope=[])
+_PROJECT_ENDPOINT_PAGES = Pages(
+    WebhookEndpoint, scope=[WebhookEndpoint.project_id == bindparam("project_id")]
+)
+_DELIVERY_PAGES = Pages(
+    WebhookDelivery, scope=[WebhookDelivery.endpoint_id == bindparam("endpoint_id")]
+)
 
 
 def scope_of(session: Session, principal: Principal, project: str | None) -> str | None:
@@ -91,9 +98,12 @@ def list_endpoints(
 ) -> ListObject[WebhookEndpointObject]:
     """Newest first."""
     check_limit(limit, MAX_LIST_LIMIT)
-    page = paginate(
-        session, WebhookEndpoint, scope=_scope(project_id), after=after, limit=limit, order="desc"
+    pages, params = (
+        (_ENDPOINT_PAGES, {})
+        if project_id is None
+        else (_PROJECT_ENDPOINT_PAGES, {"project_id": project_id})
     )
+    page = pages.page(session, params, after=after, limit=limit, order="desc")
     return ListObject[WebhookEndpointObject].of([to_wire(e) for e in page.rows], page.has_more)
 
 
@@ -185,13 +195,8 @@ def list_deliveries(
     """The endpoint's deliveries, newest first."""
     find_endpoint(session, project_id, endpoint_id)
     check_limit(limit, MAX_LIST_LIMIT)
-    page = paginate(
-        session,
-        WebhookDelivery,
-        scope=[WebhookDelivery.endpoint_id == endpoint_id],
-        after=after,
-        limit=limit,
-        order="desc",
+    page = _DELIVERY_PAGES.page(
+        session, {"endpoint_id": endpoint_id}, after=after, limit=limit, order="desc"
     )
     return ListObject[WebhookDeliveryObject].of(
         [delivery_to_wire(d) for d in page.rows], page.has_more
