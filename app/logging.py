@@ -12,6 +12,8 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any
@@ -109,6 +111,24 @@ def configure_logging(level: str = "info", fmt: str = "auto") -> None:
     # One line per outgoing request (readiness polls, the SDK) is noise at INFO.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     logging.captureWarnings(True)
+
+
+@contextmanager
+def root_level_kept() -> Iterator[None]:
+    """Undo what imports inside the block do to the root logger's and its handlers' levels.
+
+    vLLM's OpenAI app imports `model_hosting_container_standards`, which sets the root logger
+    to ERROR at import (from its own `LOG_LEVEL` default): every INFO line of the worker
+    would go silent from then on.
+    """
+    root = logging.getLogger()
+    level, handlers = root.level, [(handler, handler.level) for handler in root.handlers]
+    try:
+        yield
+    finally:
+        root.setLevel(level)
+        for handler, handler_level in handlers:
+            handler.setLevel(handler_level)
 
 
 def vllm_level() -> str:

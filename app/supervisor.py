@@ -3,10 +3,12 @@
 Each child runs in its own process group, so that stopping or restarting it also
 ends whatever it started (vLLM's engine core processes): no engine outlives its
 worker. A child that dies is restarted after a growing pause; Ctrl-C or SIGTERM
-stops them all, gently first.
+stops them all, gently first. On Linux a child is also sent SIGTERM when `serve` itself
+dies, even by SIGKILL (`PR_SET_PDEATHSIG`), so that no API or worker outlives it.
 """
 
 import contextlib
+import ctypes
 import logging
 import os
 import signal
@@ -35,6 +37,22 @@ STOP_GRACE_SECONDS = 20.0
 POLL_SECONDS = 0.25
 
 
+PR_SET_PDEATHSIG = 1
+
+
+def _own_group_ending_with_parent(parent: int) -> Callable[[], None]:
+    """Runs in the child before exec: a session of its own, and SIGTERM if `serve` dies."""
+
+    def setup() -> None:
+        os.setsid()
+        if sys.platform.startswith("linux"):
+            ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+            if os.getppid() != parent:  # serve died before the request was in place
+                os._exit(1)
+
+    return setup
+
+
 @dataclass
 class Child:
     """One supervised command and its current process."""
@@ -49,7 +67,10 @@ class Child:
     restarts: int = field(default=0)
 
     def start(self) -> None:
-        self.process = subprocess.Popen(self.argv, env=self.env, start_new_session=True)
+        # The signal follows the thread that forks: children are started by the supervisor's
+        # own loop, which lives as long as `serve` does.
+        setup = _own_group_ending_with_parent(os.getpid())
+        self.process = subprocess.Popen(self.argv, env=self.env, preexec_fn=setup)
         self.started_at = time.monotonic()
         self.restart_at = None
         log.info("%s started (pid %d)", self.name, self.process.pid)

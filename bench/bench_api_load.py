@@ -12,6 +12,15 @@ Per backend, three phases:
 - `loaded`: the API load while 200 MB uploads follow one another and the batch runs:
   the API's figures, and the worker's lines/s as a ratio of `worker alone`.
 
+Each load phase runs twice with wrk: `max`, every client sending its next request as soon
+as the last is answered (the API's ceiling; latency is then clients / throughput, by
+Little's law), and `@RATE/s`, the same clients pacing themselves (exponential think times)
+to offer `--rate` requests/s in all: the latency the API gives at that throughput.
+
+The load comes from `wrk` (Debian's `apt-get install wrk`: C, epoll, a fraction of the CPU
+an httpx client spends per request, so on a 2-core machine the API rather than the client is
+measured) when it is installed, else from the httpx processes (`--generator` chooses).
+
 `--before DIR` runs the same on another checkout (e.g. `git archive e0da28f | tar -x -C DIR`)
 and prints after/before ratios.
 
@@ -21,8 +30,10 @@ and prints after/before ratios.
 import argparse
 import asyncio
 import itertools
+import json
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -174,6 +185,72 @@ def run_load(
     )
 
 
+WRK_SCRIPT = """
+local paths = {%(paths)s}
+local i = 0
+function init(args)
+  i = math.random(#paths)
+end
+function request()
+  i = i %% #paths + 1
+  return wrk.format("GET", paths[i], {["Authorization"] = "Bearer %(key)s"})
+end
+function done(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format(
+    '{"requests": %%d, "seconds": %%f, "p50": %%d, "p99": %%d, "connect": %%d, "read": %%d, '
+    .. '"write": %%d, "status": %%d, "timeout": %%d}\\n',
+    summary.requests, summary.duration / 1e6, latency:percentile(50), latency:percentile(99),
+    e.connect, e.read, e.write, e.status, e.timeout))
+end
+"""
+
+
+def _wrk(target: Target, clients: int, threads: int, seconds: float, script: Path) -> dict:
+    command = ["wrk", f"-t{threads}", f"-c{clients}", f"-d{seconds:g}s", "--timeout", "30s"]
+    out = subprocess.run(
+        [*command, "-s", str(script), target.url], capture_output=True, text=True, check=True
+    ).stdout
+    summary: dict = json.loads(out.strip().splitlines()[-1])
+    return summary
+
+
+def run_wrk(
+    target: Target, pid: int, clients: int, threads: int, seconds: float, rate: float | None
+) -> LoadResult:
+    """The same loop of `clients` keep-alive connections, driven by wrk; with `rate`, each
+    connection waits an exponential think time so that all offer `rate` requests/s."""
+    paths = [
+        *(f"/v1/batches/{b}" for b in target.batch_ids),
+        "/v1/batches?limit=20",
+        *(f"/v1/files/{f}" for f in target.file_ids),
+    ]
+    with tempfile.NamedTemporaryFile("w", suffix=".lua") as script:
+        quoted = ", ".join(f'"{p}"' for p in paths)
+        script.write(WRK_SCRIPT % {"paths": quoted, "key": target.key})
+        if rate:
+            think_ms = clients / rate * 1000
+            script.write(
+                f"function delay()\n  return -math.log(1 - math.random()) * {think_ms}\nend\n"
+            )
+        script.flush()
+        _wrk(target, clients, threads, WARMUP_SECONDS, Path(script.name))
+        cpu_before = cpu_seconds(pid)
+        summary = _wrk(target, clients, threads, seconds, Path(script.name))
+        cpu = cpu_seconds(pid) - cpu_before
+    kinds = ("connect", "read", "write", "status", "timeout")
+    errors = {kind: summary[kind] for kind in kinds if summary[kind]}
+    answered = summary["requests"] - summary["status"]
+    return LoadResult(
+        answered,
+        answered / summary["seconds"],
+        summary["p50"] / 1000,
+        summary["p99"] / 1000,
+        errors,
+        cpu / max(answered, 1) * 1000,
+    )
+
+
 def seed(url: str) -> Target:
     admin = httpx.Client(base_url=url, headers={"authorization": f"Bearer {ADMIN_KEY}"}, timeout=60)
     created = admin.post("/v1/admin/api_keys", json={"project": "bench", "role": "member"})
@@ -299,11 +376,25 @@ def uploads(url: str, key: str, source: Path) -> Iterator[list[float]]:
 
 @dataclass
 class BackendResult:
-    idle: LoadResult
-    loaded: LoadResult
+    idle: dict[str, LoadResult]
+    loaded: dict[str, LoadResult]
     worker_alone: float
     worker_loaded: float
     upload_speeds: list[float]
+
+
+def load(
+    args: argparse.Namespace, pool: ProcessPoolExecutor, target: Target, pid: int
+) -> dict[str, LoadResult]:
+    """The phase's figures: `max`, and with wrk also paced at `--rate`."""
+    if args.generator == "httpx":
+        return {"max": run_load(pool, target, pid, args.clients, args.procs, args.seconds)}
+    return {
+        "max": run_wrk(target, pid, args.clients, args.procs, args.seconds, None),
+        f"@{args.rate:g}/s": run_wrk(
+            target, pid, args.clients, args.procs, args.seconds, args.rate
+        ),
+    }
 
 
 def bench_backend(
@@ -323,7 +414,7 @@ def bench_backend(
             # Every generator process started and imported before the clock starts.
             list(pool.map(ready, [1.0] * args.procs))
             target = seed(server.url)
-            idle = run_load(pool, target, server.pid, args.clients, args.procs, args.seconds)
+            idle = load(args, pool, target, server.pid)
             running = RunningBatch(server.url, target.key, batch)
             with fake_worker(root, env, args.delay):
                 running.wait_running()
@@ -331,9 +422,7 @@ def bench_backend(
                 with uploads(server.url, target.key, big) as speeds:
                     time.sleep(1)
                     t0, n0 = running.completed()
-                    loaded = run_load(
-                        pool, target, server.pid, args.clients, args.procs, args.seconds
-                    )
+                    loaded = load(args, pool, target, server.pid)
                     t1, n1 = running.completed()
             return BackendResult(idle, loaded, worker_alone, (n1 - n0) / (t1 - t0), speeds)
 
@@ -341,27 +430,26 @@ def bench_backend(
 def report(name: str, results: dict[str, BackendResult]) -> None:
     print(f"\n{name}")
     print(
-        f"{'backend':<11}{'phase':<8}{'req/s':>8}{'p50 ms':>9}{'p99 ms':>9}{'errors':>8}"
+        f"{'backend':<11}{'phase':<16}{'req/s':>8}{'p50 ms':>9}{'p99 ms':>9}{'errors':>8}"
         f"{'CPU ms/req':>11}  worker lines/s"
     )
     for backend, r in results.items():
-        for phase, load, worker in (
+        uploads = (
+            f"{len(r.upload_speeds)} uploads of 200 MB, "
+            f"{statistics.median(r.upload_speeds) if r.upload_speeds else 0:.0f} MB/s"
+        )
+        loaded = f"{r.worker_loaded / max(r.worker_alone, 1e-9):.1%} of API idle"
+        for phase, loads, worker in (
             ("idle", r.idle, f"{r.worker_alone:.0f} (API idle)"),
-            (
-                "loaded",
-                r.loaded,
-                f"{r.worker_loaded:.0f} ({r.worker_loaded / max(r.worker_alone, 1e-9):.1%} "
-                "of API idle); "
-                f"{len(r.upload_speeds)} uploads of 200 MB, "
-                f"{statistics.median(r.upload_speeds) if r.upload_speeds else 0:.0f} MB/s",
-            ),
+            ("loaded", r.loaded, f"{r.worker_loaded:.0f} ({loaded}); {uploads}"),
         ):
-            errs = sum(load.errors.values())
-            print(
-                f"{backend:<11}{phase:<8}{load.per_second:>8.0f}{load.p50_ms:>9.1f}"
-                f"{load.p99_ms:>9.1f}{errs:>8}{load.cpu_ms:>11.2f}  {worker}"
-                + (f"  {load.errors}" if errs else "")
-            )
+            for pace, load in loads.items():
+                errs = sum(load.errors.values())
+                print(
+                    f"{backend:<11}{phase + ' ' + pace:<16}{load.per_second:>8.0f}"
+                    f"{load.p50_ms:>9.1f}{load.p99_ms:>9.1f}{errs:>8}{load.cpu_ms:>11.2f}  {worker}"
+                    + (f"  {load.errors}" if errs else "")
+                )
 
 
 def main() -> None:
@@ -369,9 +457,15 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--clients", type=int, default=200)
-    parser.add_argument("--procs", type=int, default=4, help="load-generator processes")
+    parser.add_argument(
+        "--procs", type=int, default=4, help="load-generator processes (wrk: threads)"
+    )
+    parser.add_argument(
+        "--generator", choices=["wrk", "httpx"], default="wrk" if shutil.which("wrk") else "httpx"
+    )
     parser.add_argument("--seconds", type=float, default=20, help="measured seconds per phase")
     parser.add_argument("--delay", type=float, default=0.02, help="scripted engine s/request")
+    parser.add_argument("--rate", type=float, default=500, help="requests/s of the paced runs")
     parser.add_argument("--backends", default="sqlite,postgresql")
     parser.add_argument("--before", type=Path, help="a checkout of the version to compare with")
     args = parser.parse_args()
@@ -380,7 +474,8 @@ def main() -> None:
     if args.before:
         versions = {"before": args.before.resolve(), **versions}
     print(
-        f"{args.clients} concurrent clients in {args.procs} processes, {args.seconds:g} s a phase"
+        f"{args.clients} concurrent clients from {args.generator} in {args.procs} "
+        f"{'threads' if args.generator == 'wrk' else 'processes'}, {args.seconds:g} s a phase"
     )
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
@@ -400,12 +495,15 @@ def main() -> None:
         print("\nafter / before")
         for b in backends:
             for phase in ("idle", "loaded"):
-                old, new = getattr(before[b], phase), getattr(after[b], phase)
-                print(
-                    f"{b:<11}{phase:<8} req/s x{new.per_second / max(old.per_second, 1e-9):.1f}, "
-                    f"p99 x{new.p99_ms / max(old.p99_ms, 1e-9):.2f}, "
-                    f"CPU/request x{new.cpu_ms / max(old.cpu_ms, 1e-9):.2f}"
-                )
+                olds, news = getattr(before[b], phase), getattr(after[b], phase)
+                for pace in news.keys() & olds.keys():
+                    old, new = olds[pace], news[pace]
+                    print(
+                        f"{b:<11}{phase} {pace:<10} "
+                        f"req/s x{new.per_second / max(old.per_second, 1e-9):.1f}, "
+                        f"p99 x{new.p99_ms / max(old.p99_ms, 1e-9):.2f}, "
+                        f"CPU/request x{new.cpu_ms / max(old.cpu_ms, 1e-9):.2f}"
+                    )
 
 
 if __name__ == "__main__":

@@ -147,6 +147,8 @@ def test_online_answers_as_vllm_while_a_batch_runs(online: Online) -> None:
         twin_id = start_batch(client, jsonl([same]))
         twin = results(client, wait_status(client, twin_id, "completed", timeout=240))
         wait_status(client, batch_id, "completed", timeout=240)
+    # The worker's own INFO lines survive vLLM's app (an import of it sets the root to ERROR).
+    assert "worker online-1 serving" in online.worker.tail(1_000_000)
     for body, text in zip(bodies, online.reference(), strict=True):
         assert body["object"] == "chat.completion" and body["model"] == MODEL
         assert body["choices"][0]["message"]["content"] == text

@@ -4,6 +4,7 @@ The real engine under `overnight serve` is exercised by tests/test_readme.py; he
 supervision itself runs with small stand-in children, and `serve --no-workers` end to end.
 """
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -152,6 +153,34 @@ def test_serve_without_workers_prints_the_way_in_and_stops_on_ctrl_c(tmp_path: P
         if serve.poll() is None:
             serve.kill()
             serve.wait()
+
+
+def test_a_sigkilled_serve_takes_its_children_with_it(tmp_path: Path) -> None:
+    env = {**os.environ, "OVERNIGHT_DATA_DIR": str(tmp_path / "data"), "OVERNIGHT_DATABASE_URL": ""}
+    env.pop("OVERNIGHT_ADMIN_KEY", None)
+    command = [sys.executable, "-m", "app.cli", "serve", "--port", str(free_port())]
+    serve = subprocess.Popen(
+        [*command, "--no-workers"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        children: list[psutil.Process] = []
+
+        def started() -> bool:
+            children[:] = psutil.Process(serve.pid).children()
+            return bool(children)
+
+        wait_for(started, what="serve's API child")
+        os.kill(serve.pid, signal.SIGKILL)  # no handler runs: the kernel tells the children
+        serve.wait(10)
+        for child in children:
+            wait_for(lambda c=child: not alive(c.pid), timeout=30, what=f"{child.pid} to exit")  # type: ignore[misc]
+    finally:
+        for child in children:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.kill()
 
 
 def test_ready_line_waits_for_a_fresh_worker_of_each_model(settings: Settings) -> None:

@@ -27,6 +27,7 @@ from app.endpoints import (
     TRANSLATIONS,
     canonical,
 )
+from app.logging import root_level_kept
 from worker.traffic import ONLINE_PROJECT, OnlineTraffic, OnlineUsage
 
 # Under `--scheduling-policy priority` batch requests run after every online request (vLLM
@@ -434,11 +435,13 @@ async def start_engine(args: Namespace, online: bool = False) -> AsyncIterator[V
     """
     from starlette.datastructures import State
     from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.entrypoints.launchers.api_server.entry import init_app_state
-    from vllm.entrypoints.launchers.app import build_app
     from vllm.entrypoints.launchers.cli_args import propagate_flash_late_interaction
     from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.async_llm import AsyncLLM
+
+    with root_level_kept():
+        from vllm.entrypoints.launchers.api_server.entry import init_app_state
+        from vllm.entrypoints.launchers.app import build_app
 
     engine_args = AsyncEngineArgs.from_cli_args(args)
     propagate_flash_late_interaction(args, engine_args)
@@ -459,11 +462,12 @@ async def start_engine(args: Namespace, online: bool = False) -> AsyncIterator[V
         await client.reset_mm_cache()
         supported_tasks = await client.get_supported_tasks()
         app = None
-        if online:
-            _frontend_defaults(args)
-            app = build_app(args, supported_tasks, client.model_config)
-        state = app.state if app is not None else State()
-        await init_app_state(client, state, args, supported_tasks)
+        with root_level_kept():
+            if online:
+                _frontend_defaults(args)
+                app = build_app(args, supported_tasks, client.model_config)
+            state = app.state if app is not None else State()
+            await init_app_state(client, state, args, supported_tasks)
         names = list(args.served_model_name or [args.model])
         configuration = configuration_of(client.vllm_config, engine_args)
         yield VllmEngine(client, state, args, names, gauges, configuration, app)
