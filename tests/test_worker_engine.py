@@ -411,7 +411,9 @@ def test_embeddings_batch(local: Deployment) -> None:
     port = local.workers["minilm"].online_port()
     online = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="-", max_retries=0)
     answered = online.embeddings.create(model=MINILM, input=texts)
-    assert [d.embedding for d in answered.data] == pytest.approx(vectors, abs=1e-5)
+    assert len(answered.data) == len(vectors)
+    for item, vector in zip(answered.data, vectors, strict=True):
+        assert item.embedding == pytest.approx(vector, abs=1e-5)
 
 
 def test_score_and_rerank_batches(local: Deployment) -> None:
