@@ -439,10 +439,6 @@ async def start_engine(args: Namespace, online: bool = False) -> AsyncIterator[V
     from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    with root_level_kept():
-        from vllm.entrypoints.launchers.api_server.entry import init_app_state
-        from vllm.entrypoints.launchers.app import build_app
-
     engine_args = AsyncEngineArgs.from_cli_args(args)
     propagate_flash_late_interaction(args, engine_args)
     # vLLM sizes its scheduler (max_num_seqs, max_num_batched_tokens) by usage context; a
@@ -463,6 +459,9 @@ async def start_engine(args: Namespace, online: bool = False) -> AsyncIterator[V
         supported_tasks = await client.get_supported_tasks()
         app = None
         with root_level_kept():
+            from vllm.entrypoints.launchers.api_server.entry import init_app_state
+            from vllm.entrypoints.launchers.app import build_app
+
             if online:
                 _frontend_defaults(args)
                 app = build_app(args, supported_tasks, client.model_config)

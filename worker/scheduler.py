@@ -224,10 +224,7 @@ class Scheduler:
             result = await self.engine.run(job.endpoint, job.body, job.engine_id)
         except asyncio.CancelledError:
             self._in_flight.pop(job, None)
-            if job.preempted and not job.aborted:
-                self._requeue(job)
-            else:
-                self._forget(job)
+            self._settle(job, None)
             self._pump()
             raise
         except Exception as exc:
@@ -235,13 +232,18 @@ class Scheduler:
             self._fail(exc)
             return
         self._in_flight.pop(job, None)
+        self._settle(job, result)
+        self._pump()
+
+    def _settle(self, job: Job, result: EngineResult | None) -> None:
+        """A run ended with `result` (None: cancelled). A preempted job runs again whatever it
+        got: vLLM's serving answers a cancel ("Client disconnected") instead of raising."""
         if job.preempted and not job.aborted:
-            # vLLM's serving answers a cancelled request ("Client disconnected") instead of
-            # raising: that answer is the preemption's, never the request's result.
             self._requeue(job)
+        elif result is None:
+            self._forget(job)
         else:
             self._complete(job, result)
-        self._pump()
 
     def _requeue(self, job: Job) -> None:
         """A preempted job waits again, first in line, under a new request id."""
