@@ -1,5 +1,6 @@
 """All configuration, from `OVERNIGHT_*` environment variables or a `.env` file."""
 
+import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -16,6 +17,11 @@ MB = 1_000_000
 # GiB of KV cache each CPU vLLM engine reserves (VLLM_CPU_KVCACHE_SPACE). vLLM's own default
 # is 92% of the machine's memory, so a second engine (`serve`, `run-batch`) could never start.
 CPU_KV_CACHE_GIB = "2"
+
+
+def reserve_cpu_kv_cache() -> None:
+    """A fixed KV cache for a CPU engine started by this process, unless the user set one."""
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KV_CACHE_GIB)
 
 
 class ServedModel(BaseModel):

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from app.config import CPU_KV_CACHE_GIB, Settings
+from app.config import Settings
 from app.db.session import session_scope
 from app.schemas.admin import WorkerState
 from app.services import monitoring
@@ -187,9 +187,6 @@ def children_for(
     """The API and one worker per model, all on the same settings."""
     data_dir = str(Path(settings.data_dir).resolve())
     env = {
-        # vLLM on CPU reserves 92% of the machine's memory for each engine unless told
-        # otherwise, so a second engine could never start: give each a fixed KV cache.
-        "VLLM_CPU_KVCACHE_SPACE": CPU_KV_CACHE_GIB,
         # vLLM's start-up chatter (hundreds of lines) only when asked for.
         "VLLM_LOGGING_LEVEL": "WARNING",
         **os.environ,

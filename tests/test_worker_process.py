@@ -105,3 +105,18 @@ def test_every_vllm_engine_argument_passes_through(tmp_path: Path) -> None:
 def test_unknown_bundled_model_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(models.ModelNotFoundError, match="bundled:smollm2"):
         models.resolve("bundled:nope", tmp_path)
+
+
+@pytest.mark.parametrize("chosen", [None, "7"])
+def test_the_worker_reserves_a_fixed_cpu_kv_cache_unless_told(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chosen: str | None
+) -> None:
+    from worker.cli import main
+
+    if chosen is None:
+        monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    else:
+        monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", chosen)
+    settings = Settings(_env_file=None, data_dir=tmp_path)  # type: ignore[call-arg]
+    assert main(["bundled:nope"], settings) != 0  # fails before any engine starts
+    assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == (chosen or "2")

@@ -4,7 +4,6 @@ import argparse
 import asyncio
 import gc
 import hashlib
-import os
 import shutil
 import sys
 import time
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import orjson
 
-from app.config import CPU_KV_CACHE_GIB, ServedModel, Settings, get_settings
+from app.config import ServedModel, Settings, get_settings, reserve_cpu_kv_cache
 from app.core.states import TERMINAL_BATCH_STATUSES, BatchStatus
 from app.db.session import engine_for, session_scope, upgrade
 from app.endpoints import CHAT, SUPPORTED
@@ -264,8 +263,7 @@ class Interrupted(Exception):
 
 def main(args: argparse.Namespace, engine_argv: list[str]) -> int:
     """`overnight run-batch`; returns the exit code."""
-    # As under `serve`: a fixed KV cache, not 92% of the machine's memory (CPU engines).
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KV_CACHE_GIB)
+    reserve_cpu_kv_cache()
     work_dir = Path(args.work_dir) if args.work_dir else default_work_dir(args.input_file)
     work_dir.mkdir(parents=True, exist_ok=True)
     try:
