@@ -1,7 +1,7 @@
 """Online and batch on one engine: online latency beside a batch, and the batch's throughput.
 
     .venv/bin/python bench/bench_online.py [--requests 512] [--rate 1.0] [--alone-seconds 30]
-        [--busy-windows 32,4] [--model-dir DIR]
+        [--busy-windows 8,4,2] [--quiet-gaps 5] [--model-dir DIR]
 
 One `overnight api` and, in turn, `overnight worker --online-port` in these settings (the
 bundled SmolLM2, bench_worker's engine flags and input):
@@ -9,7 +9,9 @@ bundled SmolLM2, bench_worker's engine flags and input):
       `--alone-seconds`, TTFT and end-to-end latency;
   (b) the same online stream while a batch of `--requests` runs on the same worker, for each
       `--busy-windows` setting (the batch requests kept in flight while online ones are in the
-      engine);
+      engine; the window grows back, doubling every 0.5 s, once the quiet has lasted
+      `--quiet-gaps` times the mean gap between online arrivals); the stream starts 5 s
+      before the batch, and those first seconds are not counted;
   (c) the same batch with no online traffic, against raw vLLM `LLM.chat` (bench_worker's (a));
   (d) naive co-location: the same batch and online stream on a worker fed at the full window
       with no priority (`--scheduling-policy fcfs --online-busy-window` = the full window).
@@ -43,8 +45,13 @@ from bench.bench_worker import (  # noqa: E402
     wait_until_serving,
 )
 from tests.harness import free_port  # noqa: E402
+from worker.backoff import MAX_QUIET_SECONDS  # noqa: E402
 
 ONLINE_MAX_TOKENS = 32
+# In (b) and (d) the online stream runs this long before the batch starts, uncounted: the
+# batch then meets online traffic already there (a first request after a long quiet meets the
+# full window instead, see the README).
+LEAD_SECONDS = 5.0
 QUESTIONS = [
     "What is a good name for a cat?",
     "Give me one tip for sleeping well.",
@@ -74,7 +81,7 @@ class Latencies:
         )
 
 
-async def _one(client: object, question: str, into: Latencies) -> None:
+async def _one(client: object, question: str, into: Latencies, counted: float) -> None:
     started = time.monotonic()
     first = None
     try:
@@ -88,23 +95,27 @@ async def _one(client: object, question: str, into: Latencies) -> None:
             if first is None and chunk.choices and chunk.choices[0].delta.content:
                 first = time.monotonic()
     except Exception:
-        into.failed += 1
+        into.failed += started >= counted
+        return
+    if started < counted:
         return
     into.ttft.append((first or time.monotonic()) - started)
     into.total.append(time.monotonic() - started)
 
 
-async def poisson_stream(url: str, rate: float, done: threading.Event, seed: int) -> Latencies:
-    """Streamed chat requests at Poisson arrivals until `done`; each measured to its end."""
+async def poisson_stream(url: str, rate: float, load: "OnlineLoad", seed: int) -> Latencies:
+    """Streamed chat requests at Poisson arrivals until `load.done`; each measured to its end
+    (those that started before `load.counted` are not counted)."""
     import openai
 
     client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=600)
     rng = random.Random(seed)
     latencies = Latencies()
     running: set[asyncio.Task[None]] = set()
-    while not done.is_set():
+    while not load.done.is_set():
         await asyncio.sleep(rng.expovariate(rate))
-        task = asyncio.create_task(_one(client, rng.choice(QUESTIONS), latencies))
+        question = rng.choice(QUESTIONS)
+        task = asyncio.create_task(_one(client, question, latencies, load.counted))
         running.add(task)
         task.add_done_callback(running.discard)
     await asyncio.gather(*running)
@@ -117,15 +128,19 @@ class OnlineLoad:
 
     def __init__(self, url: str, rate: float, seed: int = 7) -> None:
         self.done = threading.Event()
+        self.counted = 0.0
         self.result = Latencies()
         self.thread = threading.Thread(
             target=lambda: setattr(
-                self, "result", asyncio.run(poisson_stream(url, rate, self.done, seed))
+                self, "result", asyncio.run(poisson_stream(url, rate, self, seed))
             )
         )
 
-    def start(self) -> "OnlineLoad":
+    def start(self, lead: float = 0.0) -> "OnlineLoad":
+        """Starts the stream; counts only the requests sent after `lead` seconds."""
+        self.counted = time.monotonic() + lead
         self.thread.start()
+        time.sleep(lead)
         return self
 
     def finish(self) -> Latencies:
@@ -178,7 +193,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--rate", type=float, default=1.0, help="online requests per second")
     parser.add_argument("--alone-seconds", type=float, default=30.0)
-    parser.add_argument("--busy-windows", default="32,4")
+    parser.add_argument("--busy-windows", default="8,4,2")
+    parser.add_argument("--quiet-gaps", default="5")
     parser.add_argument("--model-dir", type=Path, help="an already converted SmolLM2 folder")
     args = parser.parse_args()
 
@@ -205,11 +221,16 @@ def main() -> None:
     rows = Rows()
     try:
         busy = [int(b) for b in args.busy_windows.split(",")]
-        worker = Worker(model_dir, data, "w-first", ["--online-busy-window", str(busy[0])])
+        backoff = ["--online-quiet-gaps", args.quiet_gaps]
+        first = ["--online-busy-window", str(busy[0]), *backoff]
+        worker = Worker(model_dir, data, "w-first", first)
         load = OnlineLoad(worker.url, args.rate).start()
         time.sleep(args.alone_seconds)
         alone = load.finish()
         rows.append(f"| (a) online alone | {alone.cells()} | | |")
+        # No online traffic means none lately either: wait out the longest quiet period and the
+        # window's regrowth, or (c) would start with a shrunken window.
+        time.sleep(MAX_QUIET_SECONDS + 10)
         alone_rate = batch_rate(api_port, source, args.requests, worker)
         rows.append(
             f"| (c) batch alone, online port on | | | | | | {alone_rate:.1f} | "
@@ -218,9 +239,9 @@ def main() -> None:
         for i, window in enumerate(busy):
             if i:
                 worker.stop()
-                flags = ["--online-busy-window", str(window)]
+                flags = ["--online-busy-window", str(window), *backoff]
                 worker = Worker(model_dir, data, f"w{window}", flags)
-            load = OnlineLoad(worker.url, args.rate).start()
+            load = OnlineLoad(worker.url, args.rate).start(LEAD_SECONDS)
             rate = batch_rate(api_port, source, args.requests, worker)
             both = load.finish()
             rows.append(
@@ -230,7 +251,7 @@ def main() -> None:
         worker.stop()
         naive_flags = ["--scheduling-policy", "fcfs", "--online-busy-window", "100000"]
         worker = Worker(model_dir, data, "w-naive", naive_flags)
-        load = OnlineLoad(worker.url, args.rate).start()
+        load = OnlineLoad(worker.url, args.rate).start(LEAD_SECONDS)
         rate = batch_rate(api_port, source, args.requests, worker)
         both = load.finish()
         rows.append(
@@ -242,7 +263,8 @@ def main() -> None:
         stop(api)
     print(
         f"\n{args.requests} batch requests (max_tokens {args.max_tokens}); online: Poisson "
-        f"{args.rate}/s, streamed, max_tokens {ONLINE_MAX_TOKENS}; raw LLM.chat "
+        f"{args.rate}/s, streamed, max_tokens {ONLINE_MAX_TOKENS}; quiet gaps "
+        f"{args.quiet_gaps}; raw LLM.chat "
         f"{raw.rate:.1f} tok/s\n"
     )
     print(

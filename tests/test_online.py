@@ -48,7 +48,7 @@ from worker.online import USAGE_FLUSH_SECONDS
 
 pytestmark = pytest.mark.engine
 
-MAX_NUM_SEQS = 8  # the window is twice this; the busy window an eighth (1)
+MAX_NUM_SEQS = 8  # the window is twice this; the busy window 4 (the CPU default)
 CHATS: list[dict[str, Any]] = [
     {"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 16},
     {

@@ -120,3 +120,24 @@ def test_the_worker_reserves_a_fixed_cpu_kv_cache_unless_told(
     settings = Settings(_env_file=None, data_dir=tmp_path)  # type: ignore[call-arg]
     assert main(["bundled:nope"], settings) != 0  # fails before any engine starts
     assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == (chosen or "2")
+
+
+def test_online_backoff_flags_and_the_cpu_default(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from worker.backoff import BackoffPolicy
+    from worker.cli import CPU_BUSY_WINDOW, _backoff
+
+    settings = Settings(data_dir=tmp_path, _env_file=None)  # type: ignore[call-arg]
+    engine = SimpleNamespace(max_num_seqs=256)
+    args, _ = parse(["--model", "org/some-model", "--online-port", "0"], settings)
+    assert _backoff(args, engine) == BackoffPolicy(CPU_BUSY_WINDOW, 1.0, 5.0, 0.5)  # this is a CPU
+    args, _ = parse(
+        [
+            "--model", "org/some-model", "--online-port", "0", "--online-busy-window", "10",
+            "--online-quiet-seconds", "2", "--online-quiet-gaps", "3",
+            "--online-regrow-seconds", "0",
+        ],
+        settings,
+    )  # fmt: skip
+    assert _backoff(args, engine) == BackoffPolicy(10, 2.0, 3.0, 0.0)

@@ -3,6 +3,8 @@
 import asyncio
 from typing import Any
 
+import pytest
+
 from app.endpoints import CHAT, EMBEDDINGS, RESPONSES
 from tests.fake_engine import FakeEngine
 from worker.engine import EngineResult
@@ -187,14 +189,49 @@ def test_preempted_requests_run_again_once_each() -> None:
     assert {j.line for j, _, _ in sink.results[:2]} == {0, 1}
 
 
+def test_the_batch_window_grows_back_in_steps_after_a_quiet_spell() -> None:
+    from worker.backoff import MAX_QUIET_SECONDS, BackoffPolicy, next_change, target_window
+
+    policy = BackoffPolicy(busy_window=2, quiet_seconds=0.1, quiet_gaps=5, regrow_seconds=0.5)
+    assert target_window(policy, 64, active=1, quiet_for=99) == 2
+    assert target_window(policy, 64, active=0, quiet_for=0.05) == 2
+    # never two arrivals yet: the hold is quiet_seconds, then one doubling per regrow_seconds
+    assert [target_window(policy, 64, 0, 0.1 + t) for t in (0, 0.5, 1.0, 1.5, 2.0, 9)] == [
+        4,
+        8,
+        16,
+        32,
+        64,
+        64,
+    ]
+    # arrivals a second apart: the quiet must last five gaps before any growth
+    assert target_window(policy, 64, 0, 4.9, mean_gap=1.0) == 2
+    assert target_window(policy, 64, 0, 5.0, mean_gap=1.0) == 4
+    assert next_change(policy, 4.0, mean_gap=1.0) == pytest.approx(1.0)
+    assert next_change(policy, 5.2, mean_gap=1.0) == pytest.approx(0.3)
+    assert policy.hold(mean_gap=3600) == MAX_QUIET_SECONDS
+    at_once = BackoffPolicy(busy_window=2, quiet_seconds=0.1, regrow_seconds=0)
+    assert target_window(at_once, 64, 0, 0.1) == 64
+
+
+def test_online_arrivals_give_the_mean_gap() -> None:
+    from worker.traffic import OnlineTraffic
+
+    traffic = OnlineTraffic()
+    traffic.arrived(now=10.0)
+    assert traffic.mean_gap is None
+    for t in (11.0, 12.0, 13.0):
+        traffic.arrived(now=t)
+    assert traffic.mean_gap == pytest.approx(1.0)
+    traffic.arrived(now=23.0)  # a ten-second gap moves the mean, not all the way
+    assert traffic.mean_gap == pytest.approx(0.8 + 0.2 * 10)
+
+
 def test_the_batch_window_follows_online_traffic() -> None:
-    from worker.backoff import BackoffPolicy, follow_online_traffic, target_window
+    from worker.backoff import BackoffPolicy, follow_online_traffic
     from worker.traffic import OnlineTraffic, OnlineUsage
 
-    policy = BackoffPolicy(busy_window=2, quiet_seconds=0.1)
-    assert target_window(policy, 8, active=1, quiet_for=5) == 2
-    assert target_window(policy, 8, active=0, quiet_for=0.05) == 2
-    assert target_window(policy, 8, active=0, quiet_for=0.2) == 8
+    policy = BackoffPolicy(busy_window=2, quiet_seconds=0.1, regrow_seconds=0.05)
 
     async def scenario() -> list[int]:
         traffic = OnlineTraffic()
@@ -210,10 +247,12 @@ def test_the_batch_window_follows_online_traffic() -> None:
         traffic.left("proj_a", True, OnlineUsage(requests=1, output_tokens=3))
         await asyncio.sleep(0.05)
         seen.append(scheduler.window)  # still within the quiet period
-        await asyncio.sleep(0.15)
+        await asyncio.sleep(0.075)
+        seen.append(scheduler.window)  # the first doubling
+        await asyncio.sleep(0.2)
         seen.append(scheduler.window)
         follower.cancel()
         assert traffic.take_usage() == {"proj_a": OnlineUsage(requests=1, output_tokens=3)}
         return seen
 
-    assert asyncio.run(scenario()) == [8, 2, 2, 8]
+    assert asyncio.run(scenario()) == [8, 2, 2, 4, 8]

@@ -12,6 +12,7 @@ from collections import defaultdict
 from contextvars import ContextVar
 from dataclasses import dataclass
 
+GAP_WEIGHT = 0.2  # of the newest gap in the moving mean: about the last ten arrivals count
 ONLINE_PROJECT: ContextVar[str | None] = ContextVar("overnight_online_project", default=None)
 
 
@@ -38,6 +39,8 @@ class OnlineTraffic:
         self.waiting = 0
         self.running = 0
         self.quiet_since = float("-inf")  # quiet from the start
+        self.mean_gap: float | None = None  # seconds between recent arrivals, None before two
+        self._last_arrival: float | None = None
         self.changed = asyncio.Event()
         self._usage: defaultdict[str, OnlineUsage] = defaultdict(OnlineUsage)
 
@@ -51,7 +54,16 @@ class OnlineTraffic:
             return 0.0
         return (time.monotonic() if now is None else now) - self.quiet_since
 
-    def arrived(self) -> None:
+    def arrived(self, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        if self._last_arrival is not None:
+            gap = now - self._last_arrival
+            self.mean_gap = (
+                gap
+                if self.mean_gap is None
+                else (1 - GAP_WEIGHT) * self.mean_gap + GAP_WEIGHT * gap
+            )
+        self._last_arrival = now
         self.waiting += 1
         self.changed.set()
 
