@@ -114,3 +114,41 @@ def test_the_next_shard_reaches_the_engine_before_the_current_one_drains(
         # Had the engine drained at the boundary, nothing would have been beside it; in a
         # window refilled one slot at a time, about 7 requests of the shard before were.
         assert engine.beside[first] >= 4, (shard, engine.beside[first])
+
+
+def test_an_idle_worker_does_not_claim_on_every_commit_of_others(
+    settings: Settings, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if backend != "sqlite":
+        pytest.skip("PostgreSQL has no change counter to watch: there the worker polls")
+    from worker import claim
+
+    settings = settings.model_copy(update={"worker_poll_seconds": 60.0, "lease_seconds": 600.0})
+    upgrade(settings.sqlalchemy_url)
+    claims: list[float] = []
+    real_claim = claim.claim_shard
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        claims.append(time.monotonic())
+        return real_claim(*args, **kwargs)
+
+    monkeypatch.setattr(claim, "claim_shard", counted)
+    engine = Recording()
+    with ThreadedWorker(settings, engine) as worker:
+        wait_for(
+            lambda: worker.worker is not None and worker.worker.health.state is WorkerState.READY
+        )
+        time.sleep(0.5)
+        before = len(claims)
+        # Another process's checkpoints, say: 60 commits that give this worker nothing to do.
+        for i in range(60):
+            with session_scope(settings) as session:
+                ensure_project(session, f"other-{i}")
+            time.sleep(0.05)
+        idle_claims = len(claims) - before
+        started = time.monotonic()
+        in_progress_batch(settings, 2)
+        wait_for(lambda: len(engine.started) == 2)
+        picked_up = min(engine.started.values()) - started
+    assert idle_claims <= 15, f"{idle_claims} claims for 60 unrelated commits"
+    assert picked_up < 2.0, f"the first request reached the engine {picked_up:.2f} s after"

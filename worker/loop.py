@@ -41,6 +41,10 @@ log = logging.getLogger("overnight.worker")
 SHARD_ERROR_PAUSE_SECONDS = 5.0
 # How often a worker that may claim looks whether the database changed (microseconds each).
 WATCH_SECONDS = 0.02
+# After a claim that found nothing, the next one a change triggers waits this long, doubling
+# up to the maximum: an idle worker beside a busy one would otherwise run a claim transaction
+# on every checkpoint of the other (each one CPU taken from the busy engine's cores).
+EMPTY_CLAIM_PAUSE_SECONDS = (WATCH_SECONDS, 1.0)
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,8 @@ class Worker:
         self._watch = watch_for(settings.sqlalchemy_url)
         self._seen_version: int | None = None
         self._next_poll = 0.0
+        self._empty_claims = 0
+        self._quiet_until = 0.0  # no change-triggered claim before this (monotonic)
 
     async def run(self, stop: asyncio.Event) -> int:
         """Work until `stop` is set (0) or something fatal happens (1)."""
@@ -185,6 +191,8 @@ class Worker:
         The version is read before the claim, so a commit during it shows as a change next time.
         """
         now = time.monotonic()
+        if now < min(self._quiet_until, self._next_poll):
+            return False
         version = self._watch.version() if self._watch is not None else None
         if version is not None and version == self._seen_version and now < self._next_poll:
             return False
@@ -193,6 +201,7 @@ class Worker:
         return True
 
     async def _database_changed(self, watch: ChangeWatch) -> None:
+        await asyncio.sleep(max(self._quiet_until - time.monotonic(), 0.0))
         version = watch.version()
         while version is not None and version == self._seen_version:
             await asyncio.sleep(WATCH_SECONDS)
@@ -215,6 +224,7 @@ class Worker:
             # The heartbeat task probes the database until it answers, then claiming resumes.
             self._database_failed(exc)
             return False
+        self._paced(found=lease is not None)
         if lease is None:
             return False
         log.info("claimed shard %d of %s (epoch %d)", lease.index, lease.batch_id, lease.epoch)
@@ -225,6 +235,13 @@ class Worker:
         self._watchers.add(watcher := asyncio.create_task(self._wake_when_fed(run)))
         watcher.add_done_callback(self._watchers.discard)
         return True
+
+    def _paced(self, found: bool) -> None:
+        """Back off change-triggered claims while they keep finding nothing."""
+        self._empty_claims = 0 if found else self._empty_claims + 1
+        first, most = EMPTY_CLAIM_PAUSE_SECONDS
+        pause = 0.0 if found else min(first * 2 ** (self._empty_claims - 1), most)
+        self._quiet_until = time.monotonic() + pause
 
     async def _wake_when_fed(self, run: ShardRun) -> None:
         # The next shard is claimed as soon as this one has no more lines to read.
