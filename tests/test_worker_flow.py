@@ -188,7 +188,10 @@ def test_sigterm_releases_and_another_worker_finishes(
     }
     assert kept and kept <= ran_first
     assert len(first.bodies()) + len(second.bodies()) >= 5
-    assert shard.completed + len(second.bodies()) == 5
+    # The second worker runs exactly the lines not checkpointed at the release (a line may
+    # reach its engine twice if a 3 s lease lapses on a loaded machine, never a finished one).
+    rerun = {b["messages"][0]["content"] for b in second.bodies()}
+    assert shard.completed + len(rerun) == 5
 
 
 def test_two_workers_share_one_batch(server: RunningServer, client: openai.OpenAI) -> None:
