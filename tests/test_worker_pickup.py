@@ -5,7 +5,8 @@ order and about bounds far below the poll interval, not about speed.
 """
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import orjson
@@ -74,21 +75,32 @@ def wait_for(condition: Callable[[], bool], timeout: float = 30) -> None:
         time.sleep(0.01)
 
 
-def test_an_idle_worker_claims_as_the_batch_goes_in_progress(
-    settings: Settings, backend: str
-) -> None:
+def watching(settings: Settings, backend: str) -> Settings:
+    """SQLite with a poll so slow that only the database watch can find work in a test."""
     if backend != "sqlite":
         pytest.skip("PostgreSQL has no change counter to watch: there the worker polls")
-    # A poll this slow cannot be what finds the batch: the database watch has to.
     settings = settings.model_copy(update={"worker_poll_seconds": 60.0, "lease_seconds": 600.0})
     upgrade(settings.sqlalchemy_url)
-    engine = Recording()
+    return settings
+
+
+@contextmanager
+def idle_worker(settings: Settings, engine: FakeEngine) -> Iterator[ThreadedWorker]:
+    """A ready worker whose first claim, which found nothing, is behind it."""
     with ThreadedWorker(settings, engine) as worker:
-        assert worker.worker is not None
         wait_for(
             lambda: worker.worker is not None and worker.worker.health.state is WorkerState.READY
         )
-        time.sleep(0.5)  # its first claim, which found nothing, is behind it
+        time.sleep(0.5)
+        yield worker
+
+
+def test_an_idle_worker_claims_as_the_batch_goes_in_progress(
+    settings: Settings, backend: str
+) -> None:
+    settings = watching(settings, backend)
+    engine = Recording()
+    with idle_worker(settings, engine):
         started = time.monotonic()
         batch_id = in_progress_batch(settings, 4)
         wait_for(lambda: len(engine.started) == 4)
@@ -119,12 +131,9 @@ def test_the_next_shard_reaches_the_engine_before_the_current_one_drains(
 def test_an_idle_worker_does_not_claim_on_every_commit_of_others(
     settings: Settings, backend: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if backend != "sqlite":
-        pytest.skip("PostgreSQL has no change counter to watch: there the worker polls")
     from worker import claim
 
-    settings = settings.model_copy(update={"worker_poll_seconds": 60.0, "lease_seconds": 600.0})
-    upgrade(settings.sqlalchemy_url)
+    settings = watching(settings, backend)
     claims: list[float] = []
     real_claim = claim.claim_shard
 
@@ -134,11 +143,7 @@ def test_an_idle_worker_does_not_claim_on_every_commit_of_others(
 
     monkeypatch.setattr(claim, "claim_shard", counted)
     engine = Recording()
-    with ThreadedWorker(settings, engine) as worker:
-        wait_for(
-            lambda: worker.worker is not None and worker.worker.health.state is WorkerState.READY
-        )
-        time.sleep(0.5)
+    with idle_worker(settings, engine):
         before = len(claims)
         # Another process's checkpoints, say: 60 commits that give this worker nothing to do.
         for i in range(60):
