@@ -332,7 +332,13 @@ def test_workers_files_and_keys_pages(
         f"{batch_sim.MODEL}: 2,000,000 tokens (own), unlimited requests (default)"
     )
     project.locator("input[name=weight]").fill("3")
-    project.locator("form[action$='/weight'] button[type=submit]").click()
+    # The field holds what was typed at once: wait for the answer and the reload after it.
+    with (
+        page.expect_response(lambda r: r.url.endswith("/weight")) as answer,
+        page.expect_navigation(),
+    ):
+        project.locator("form[action$='/weight'] button[type=submit]").click()
+    assert answer.value.ok, answer.value.status
     expect(project.locator("input[name=weight]")).to_have_value("3")
     # One request a form, to its own URL.
     assert [url.rsplit("/", 1)[1] for url in posts] == ["limits", "weight"], posts
