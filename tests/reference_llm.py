@@ -11,9 +11,13 @@ import sys
 def main(model: str, source: str, target: str) -> None:
     from vllm import LLM, SamplingParams
 
+    from worker.cli import cpu_default_dtype
+
     with open(source) as f:
         chats = json.load(f)
-    llm = LLM(model=model, enforce_eager=True, max_model_len=2048)
+    # The dtype the worker picks on this machine: greedy texts are equal only within one dtype.
+    dtype = cpu_default_dtype() or "auto"
+    llm = LLM(model=model, dtype=dtype, enforce_eager=True, max_model_len=2048)
     params = [
         SamplingParams(temperature=0, max_tokens=c["max_tokens"], stop=c.get("stop")) for c in chats
     ]

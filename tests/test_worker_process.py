@@ -13,7 +13,7 @@ import pytest
 
 from app.config import Settings
 from worker import models
-from worker.cli import parse
+from worker.cli import cpu_default_dtype, parse, vllm_parser
 
 OWNER = textwrap.dedent(
     """
@@ -73,7 +73,7 @@ def test_served_names_resolve_to_bundled_models(tmp_path: Path) -> None:
 
     args, _ = parse(["--model", "SmolLM2-135M-Instruct"], settings)
     assert args.model == str(converted) and args.served_model_name == ["SmolLM2-135M-Instruct"]
-    assert args.dtype == "auto", "the bundled model runs in vLLM's default dtype"
+    assert args.dtype == (cpu_default_dtype() or "auto"), "vLLM's default where it is fast"
     args, _ = parse(["--model", "bundled:smollm2", "--dtype", "float32"], settings)
     assert args.dtype == "float32", "an explicit --dtype wins"
 
@@ -83,6 +83,24 @@ def test_served_names_resolve_to_bundled_models(tmp_path: Path) -> None:
 
     args, _ = parse([], settings)
     assert args.model == str(converted), "the bundled SmolLM2 is the default"
+
+
+@pytest.mark.parametrize(
+    ("bf16", "amx", "dtype"),
+    [(False, False, "float32"), (True, False, "auto"), (False, True, "auto")],
+)
+def test_float32_where_the_cpu_has_no_bfloat16_instructions(
+    monkeypatch: pytest.MonkeyPatch, bf16: bool, amx: bool, dtype: str
+) -> None:
+    import torch
+    from vllm.platforms import CpuArchEnum, current_platform
+
+    if not current_platform.is_cpu() or current_platform.get_cpu_architecture() != CpuArchEnum.X86:
+        pytest.skip("the rule is for x86 CPUs")
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: bf16)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    assert vllm_parser().parse_args([]).dtype == dtype
+    assert vllm_parser().parse_args(["--dtype", "bfloat16"]).dtype == "bfloat16"
 
 
 def test_every_vllm_engine_argument_passes_through(tmp_path: Path) -> None:
