@@ -1,14 +1,14 @@
 """Throughput of overnight against vLLM's own offline paths, and the worker's memory.
 
     .venv/bin/python bench/bench_worker.py [--requests 512] [--max-tokens 64] [--rounds 3]
-        [--dtype auto] [--runners abcd] [--skip-repetition] [--skip-memory]
+        [--dtype float32|bfloat16|auto] [--runners abcd] [--skip-repetition] [--skip-memory]
 
 Same generated input and model (the bundled SmolLM2, converted once) for every runner:
   (a) raw vLLM `LLM.chat`,
   (b) `python -m vllm.entrypoints.openai.run_batch`,
   (c) overnight tuned: `overnight api` + one `overnight worker` with the same engine flags as (a),
   (d) overnight as shipped: `overnight serve` on a fresh data directory, every default as a
-      newcomer gets it (both bundled workers, vLLM's default dtype, the default model length),
+      newcomer gets it (both bundled workers, the worker's default dtype, the default model length),
       after a 2-request warm-up batch.
 Each round runs (a)-(d) in turn (or those --runners names); best and median rounds are
 compared. The dtype and flags of every runner are printed, and every runner's greedy texts
@@ -105,8 +105,8 @@ def texts_of(output: bytes, count: int) -> tuple[list[str], int]:
 
 
 def engine_flags(dtype: str) -> list[str]:
-    flags = ["--enforce-eager", "--max-model-len", str(MAX_MODEL_LEN)]
-    return flags if dtype == "auto" else [*flags, "--dtype", dtype]
+    # Always explicit: a worker left to itself picks float32 on a CPU without bfloat16.
+    return ["--enforce-eager", "--max-model-len", str(MAX_MODEL_LEN), "--dtype", dtype]
 
 
 def logged_dtype(log: str) -> str:
@@ -531,6 +531,8 @@ def report(runs: dict[str, list[Result]]) -> None:
 
 
 def main() -> None:
+    from worker.cli import cpu_default_dtype
+
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=512)
     parser.add_argument("--max-tokens", type=int, default=64)
@@ -539,8 +541,9 @@ def main() -> None:
     parser.add_argument("--skip-repetition", action="store_true")
     parser.add_argument(
         "--dtype",
-        default="auto",
-        help="dtype of (a), (b) and (c); (d) is the shipped default whatever this says",
+        default=cpu_default_dtype() or "auto",
+        help="dtype of (a), (b) and (c); (d) is the shipped default whatever this says "
+        "(default: the one the shipped worker picks on this machine; `auto` is vLLM's)",
     )
     parser.add_argument(
         "--rounds",
