@@ -1,0 +1,74 @@
+"""Raw vLLM `LLM.chat` on the bundled SmolLM2 in each dtype, beside the one the worker picks.
+
+    .venv/bin/python bench/bench_dtype.py [--requests 128] [--max-tokens 64]
+        [--dtypes bfloat16,float32] [--model-dir FOLDER]
+
+The worker runs vLLM's default dtype (bfloat16) unless the CPU is x86 without bfloat16
+instructions (neither AVX512-BF16 nor AMX), where it picks float32
+(`worker.cli.cpu_default_dtype`).
+This prints the CPU's flags, the worker's pick, and each dtype's tokens/s and ratio to the
+fastest, each in a cold child process, so that the pick can be checked on any machine.
+"""
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from bench.bench_worker import Result, chats, run_raw  # noqa: E402
+
+
+def cpu_flags() -> str:
+    import torch
+
+    avx512_bf16 = torch.cpu._is_avx512_bf16_supported()
+    amx = torch.cpu._is_amx_tile_supported()
+    return f"AVX-512: {torch.cpu._is_avx512_supported()}, AVX512-BF16: {avx512_bf16}, AMX: {amx}"
+
+
+def report(results: list[Result], picked: str) -> None:
+    fastest = max(r.tokens / r.phase for r in results)
+    print(f"{'dtype':<10} {'tokens':>7} {'seconds':>8} {'tok/s':>7} {'vs fastest':>11}")
+    for r in results:
+        speed = r.tokens / r.phase
+        print(
+            f"{r.dtype:<10} {r.tokens:>7} {r.phase:>8.1f} {speed:>7.0f} {speed / fastest:>10.2f}x"
+        )
+    first, *others = results
+    for other in others:
+        same = sum(a == b for a, b in zip(first.texts, other.texts, strict=True))
+        print(
+            f"greedy texts equal between {first.dtype} and {other.dtype}: {same}/{len(first.texts)}"
+        )
+    best = max(results, key=lambda r: r.tokens / r.phase)
+    effective = "bfloat16" if picked == "auto" else picked  # the converted folder's own dtype
+    verdict = "the fastest here" if best.dtype == effective else f"slower here than {best.dtype}"
+    print(f"the worker picks: {picked} = {effective} ({verdict})")
+
+
+def main() -> None:
+    from worker.cli import cpu_default_dtype
+    from worker.models import ensure_converted
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--requests", type=int, default=128)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--dtypes", default="bfloat16,float32")
+    parser.add_argument("--model-dir", help="a converted SmolLM2 folder (default: convert one)")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="overnight-bench-dtype-"))
+    model_dir = Path(args.model_dir) if args.model_dir else ensure_converted(work)
+    messages = chats(args.requests, repetitive=False)
+    print(cpu_flags(), flush=True)
+    results = []
+    for dtype in args.dtypes.split(","):
+        results.append(run_raw(model_dir, messages, args.max_tokens, work, dtype))
+        print(f"  {dtype}: {results[-1].tokens} tokens in {results[-1].phase:.1f} s", flush=True)
+    report(results, cpu_default_dtype() or "auto")
+
+
+if __name__ == "__main__":
+    main()
