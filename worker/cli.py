@@ -171,7 +171,7 @@ def cpu_default_dtype() -> str | None:
     import torch
     from vllm.platforms import CpuArchEnum, current_platform
 
-    if not current_platform.is_cpu() or current_platform.get_cpu_architecture() != CpuArchEnum.X86:
+    if not _on_cpu() or current_platform.get_cpu_architecture() != CpuArchEnum.X86:
         return None
     if torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported():
         return None
