@@ -17,7 +17,7 @@ from sqlalchemy import Engine, event, select, text, update
 from app.cli import main
 from app.config import Settings
 from app.core.progress import Progress
-from app.core.schedule import Demand, Order, plan
+from app.core.schedule import Demand, Order, plan, recorded_speed
 from app.core.states import BatchStatus
 from app.db.models import Batch, BatchEstimate, Project, ProjectShare, Shard, SingletonLease
 from app.db.session import engine_for, session_scope, upgrade
@@ -160,6 +160,18 @@ def test_plan_flags_what_fair_share_would_make_late() -> None:
     assert fair["tight"].finish_at == pytest.approx(now + 100)
     fifo = {e.batch_id: e for e in plan([big, tight], Order.FIFO, 1.0, now)}
     assert fifo["tight"].start_at == pytest.approx(now + 1000) and fifo["tight"].expected_miss
+
+
+def test_recorded_speed_counts_only_work_done_inside_the_measured_time() -> None:
+    # Two shards checkpointing 100 work a second each, half a second apart: 200 work/s. The
+    # first chunk holds work done before its moment, so it is not divided by the time after
+    # it (the old rule said 1,200 / 5.5 s = 218 here, and 300 / 1 s = 300 a second in).
+    records = [(10.0 + s + shard * 0.5, 100) for s in range(6) for shard in range(2)]
+    assert recorded_speed(records) == pytest.approx(200)
+    assert recorded_speed([(10.0, 100), (10.5, 100), (11.0, 100)]) == pytest.approx(200)
+    # One moment tells no speed yet.
+    assert recorded_speed([(10.0, 100)]) == 0.0
+    assert recorded_speed([(10.0, 100), (10.0, 50)]) == 0.0
 
 
 def test_one_planner_pass_at_a_time_and_the_lease_passes_on(db: Settings) -> None:

@@ -33,6 +33,22 @@ def work_of(progress: Progress) -> int:
     return progress.output_tokens or progress.input_tokens or progress.completed + progress.failed
 
 
+def recorded_speed(records: list[tuple[float, int]]) -> float:
+    """Work per second from result chunks' `(recorded at, work)`; 0 until two moments are known.
+
+    A chunk holds the work done since its shard's previous chunk, so the first one's work was
+    done before the first moment: it marks where the measured time starts and its work is
+    left out (counting it divided the first seconds' work by too short a time, and a model
+    that had just started looked several times faster than it was). The time runs to the
+    last chunk, as work after it is not recorded yet.
+    """
+    records = sorted(records)
+    first, last = records[0][0], records[-1][0]
+    if last <= first:
+        return 0.0
+    return sum(work for at, work in records if at > first) / (last - first)
+
+
 @dataclass(frozen=True)
 class Demand:
     """What one open batch still needs from its model's workers."""

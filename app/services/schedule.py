@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from app.core.schedule import Demand, Estimate, Order, plan
+from app.core.schedule import Demand, Estimate, Order, plan, recorded_speed
 from app.core.states import TERMINAL_BATCH_STATUSES, BatchStatus
 from app.db import upsert
 from app.db.models import Batch, BatchEstimate, Project, ProjectShare, ResultChunk, Shard
@@ -123,18 +123,16 @@ def _speeds(session: Session, now: float) -> dict[str, float]:
     """Work per second each model's workers recorded over the last window."""
     since = now - SPEED_WINDOW_SECONDS
     rows = session.execute(
-        select(Batch.model, func.sum(ResultChunk.work), func.min(ResultChunk.created_at))
+        select(Batch.model, ResultChunk.created_at, ResultChunk.work)
         .join(Shard, Shard.id == ResultChunk.shard_id)
         .join(Batch, Batch.id == Shard.batch_id)
-        .where(ResultChunk.created_at >= since)
-        .group_by(Batch.model)
+        .where(ResultChunk.created_at >= since, Batch.model.is_not(None))
     ).all()
-    # Until a whole window has passed, over the time since the first chunk of it.
-    return {
-        model: float(work or 0) / max(now - first, 1.0)
-        for model, work, first in rows
-        if model is not None
-    }
+    recorded: dict[str, list[tuple[float, int]]] = defaultdict(list)
+    for model, created_at, work in rows:
+        recorded[model].append((float(created_at), int(work or 0)))
+    speeds = {model: recorded_speed(records) for model, records in recorded.items()}
+    return {model: speed for model, speed in speeds.items() if speed > 0}
 
 
 def _open_batches(session: Session) -> list[Any]:
