@@ -16,8 +16,18 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, Select, and_, exists, func, or_, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy import (
+    ColumnElement,
+    Select,
+    and_,
+    exists,
+    func,
+    literal_column,
+    or_,
+    select,
+    update,
+)
+from sqlalchemy.orm import Session, aliased
 from sqlalchemy.sql.dml import ReturningUpdate
 
 from app.core.leases import BatchState, ShardLease
@@ -86,13 +96,21 @@ def candidates(
 def claim_statement(
     owner: str, models: Sequence[str], lease_seconds: float, order: Order, now: float
 ) -> ReturningUpdate[Any]:
-    """The claim: one conditional `UPDATE … RETURNING` of the best runnable shard."""
+    """The claim: one conditional `UPDATE … RETURNING` of the best runnable shard, returning
+    all its lease needs (one round trip: under load every round trip waits for a core)."""
     candidate = (
         candidates(models, lease_seconds, order, now)
         .limit(1)
         .with_for_update(skip_locked=True, of=Shard)
         .scalar_subquery()
     )
+    # Spelled out: SQLAlchemy names the updated table's columns unqualified in SQLite's
+    # RETURNING, subqueries included, where they would read as the subquery's own.
+    shard_batch = literal_column("shards.batch_id")
+    batch, file = aliased(Batch), aliased(File)
+    endpoint = select(batch.endpoint).where(batch.id == shard_batch).scalar_subquery()
+    input_file = select(batch.input_file_id).where(batch.id == shard_batch).scalar_subquery()
+    input_key = select(file.storage_key).where(file.id == input_file).scalar_subquery()
     return (
         update(Shard)
         .where(Shard.id == candidate)
@@ -104,7 +122,18 @@ def claim_statement(
             heartbeat_at=now,
             attempts=Shard.attempts + 1,
         )
-        .returning(Shard.id)
+        .returning(
+            Shard.id,
+            Shard.batch_id,
+            Shard.index,
+            Shard.first_line,
+            Shard.line_count,
+            Shard.byte_start,
+            Shard.byte_end,
+            Shard.lease_epoch,
+            endpoint,
+            input_key,
+        )
         .execution_options(synchronize_session=False)
     )
 
@@ -118,30 +147,22 @@ def claim_shard(
 ) -> ShardLease | None:
     """Take the best runnable shard in `order`."""
     statement = claim_statement(owner, models, lease_seconds, order, time.time())
-    claimed = session.execute(statement).scalar_one_or_none()
-    return None if claimed is None else _lease(session, claimed, owner)
-
-
-def _lease(session: Session, shard_id: int, owner: str) -> ShardLease:
-    row = session.execute(
-        select(Shard, Batch.endpoint, File.storage_key)
-        .join(Batch, Batch.id == Shard.batch_id)
-        .join(File, File.id == Batch.input_file_id)
-        .where(Shard.id == shard_id)
-    ).one()
-    shard: Shard = row[0]
+    row = session.execute(statement).one_or_none()
+    if row is None:
+        return None
+    shard_id, batch_id, index, first_line, line_count, start, end, epoch, endpoint, key = row
     return ShardLease(
-        shard_id=shard.id,
-        batch_id=shard.batch_id,
-        index=shard.index,
-        first_line=shard.first_line,
-        line_count=shard.line_count,
-        byte_start=shard.byte_start,
-        byte_end=shard.byte_end,
-        epoch=shard.lease_epoch,
+        shard_id=shard_id,
+        batch_id=batch_id,
+        index=index,
+        first_line=first_line,
+        line_count=line_count,
+        byte_start=start,
+        byte_end=end,
+        epoch=epoch,
         owner=owner,
-        endpoint=row[1],
-        input_key=row[2],
+        endpoint=endpoint,
+        input_key=key,
     )
 
 
