@@ -401,16 +401,16 @@ def big_queue(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
 
 @pytest.mark.parametrize("order", list(Order))
 def test_claim_plan_is_an_index_scan_at_100000_shards(big_queue: Engine, order: Order) -> None:
-    statement = claim.claim_statement("w", [MODEL], LEASE, order, time.time())
+    statement = claim.claim_statement(order)
+    params = claim.claim_params("w", [MODEL], LEASE, time.time())
     with big_queue.connect() as conn:
-        compiled = statement.compile(conn, compile_kwargs={"render_postcompile": True})
-        params = {k: str(v) if isinstance(v, str) else v for k, v in compiled.params.items()}
-        rows = conn.exec_driver_sql("EXPLAIN " + str(compiled), params).all()
+        expanded = statement.compile(conn).construct_expanded_state(params)
+        rows = conn.exec_driver_sql("EXPLAIN " + expanded.statement, expanded.parameters).all()
         plan_text = "\n".join(r[0] for r in rows)
         conn.rollback()
         started = time.perf_counter()
         with conn.begin():
-            assert conn.execute(statement).scalar_one() is not None
+            assert conn.execute(statement, params).first() is not None
         took = time.perf_counter() - started
     scans = [line for line in plan_text.splitlines() if "Scan" in line]
     assert any("Index Scan using ix_shards_claim" in line for line in scans), plan_text

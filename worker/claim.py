@@ -14,12 +14,14 @@ newer one (fencing).
 
 import time
 from collections.abc import Sequence
+from functools import cache
 from typing import Any
 
 from sqlalchemy import (
     ColumnElement,
     Select,
     and_,
+    bindparam,
     exists,
     func,
     literal_column,
@@ -42,11 +44,11 @@ from app.services.schedule import record_work
 TOP_BATCHES = 4
 
 
-def _claimable(now: float, lease_seconds: float) -> ColumnElement[bool]:
+def _claimable() -> ColumnElement[bool]:
     """A shard anyone may take: pending, or running under a lease that lapsed."""
     return or_(
         Shard.status == ShardStatus.PENDING,
-        and_(Shard.status == ShardStatus.RUNNING, Shard.heartbeat_at < now - lease_seconds),
+        and_(Shard.status == ShardStatus.RUNNING, Shard.heartbeat_at < bindparam("lapsed_before")),
     )
 
 
@@ -61,24 +63,22 @@ def _batch_order(order: Order) -> list[Any]:
     ]
 
 
-def candidates(
-    models: Sequence[str], lease_seconds: float, order: Order, now: float
-) -> Select[Any]:
+def _candidates(order: Order) -> Select[Any]:
     """Runnable shards, best first: the best batches' shards in index order.
 
     Batches are ranked first (only those with a claimable shard, `TOP_BATCHES` of them),
     then only their shards are read, through `ix_shards_claim_order`: a claim never sorts
     every open shard of the deployment.
     """
-    claimable = _claimable(now, lease_seconds)
+    claimable = _claimable()
     share = (ProjectShare.project_id == Batch.project_id) & (ProjectShare.model == Batch.model)
     top = (
         select(Batch.id, func.row_number().over(order_by=_batch_order(order)).label("rank"))
         .outerjoin(ProjectShare, share)
         .where(
             Batch.status == BatchStatus.IN_PROGRESS,
-            Batch.model.in_(list(models)),
-            Batch.expires_at > int(now),
+            Batch.model.in_(bindparam("models", expanding=True)),
+            Batch.expires_at > bindparam("unexpired_after"),
             exists().where(Shard.batch_id == Batch.id, claimable),
         )
         .order_by(*_batch_order(order))
@@ -93,20 +93,19 @@ def candidates(
     )
 
 
-def claim_statement(
-    owner: str, models: Sequence[str], lease_seconds: float, order: Order, now: float
-) -> ReturningUpdate[Any]:
+@cache
+def claim_statement(order: Order) -> ReturningUpdate[*tuple[Any, ...]]:
     """The claim: one conditional `UPDATE … RETURNING` of the best runnable shard, returning
-    all its lease needs (one round trip: under load every round trip waits for a core)."""
+    all its lease needs (one round trip: under load every round trip waits for a core).
+
+    Built once per order (building it took most of a claim's CPU); `claim_params` fill it.
+    """
     candidate = (
-        candidates(models, lease_seconds, order, now)
-        .limit(1)
-        .with_for_update(skip_locked=True, of=Shard)
-        .scalar_subquery()
+        _candidates(order).limit(1).with_for_update(skip_locked=True, of=Shard).scalar_subquery()
     )
     # Spelled out: SQLAlchemy names the updated table's columns unqualified in SQLite's
     # RETURNING, subqueries included, where they would read as the subquery's own.
-    shard_batch = literal_column("shards.batch_id")
+    shard_batch: ColumnElement[str] = literal_column("shards.batch_id")
     batch, file = aliased(Batch), aliased(File)
     endpoint = select(batch.endpoint).where(batch.id == shard_batch).scalar_subquery()
     input_file = select(batch.input_file_id).where(batch.id == shard_batch).scalar_subquery()
@@ -116,10 +115,10 @@ def claim_statement(
         .where(Shard.id == candidate)
         .values(
             status=ShardStatus.RUNNING,
-            lease_owner=owner,
-            last_owner=owner,
+            lease_owner=bindparam("owner"),
+            last_owner=bindparam("owner"),
             lease_epoch=Shard.lease_epoch + 1,
-            heartbeat_at=now,
+            heartbeat_at=bindparam("now"),
             attempts=Shard.attempts + 1,
         )
         .returning(
@@ -138,6 +137,19 @@ def claim_statement(
     )
 
 
+def claim_params(
+    owner: str, models: Sequence[str], lease_seconds: float, now: float
+) -> dict[str, Any]:
+    """The claim statement's parameters for `owner`, serving `models`, at `now`."""
+    return {
+        "owner": owner,
+        "models": list(models),
+        "now": now,
+        "lapsed_before": now - lease_seconds,
+        "unexpired_after": int(now),
+    }
+
+
 def claim_shard(
     session: Session,
     owner: str,
@@ -146,8 +158,8 @@ def claim_shard(
     order: Order = Order.FAIR,
 ) -> ShardLease | None:
     """Take the best runnable shard in `order`."""
-    statement = claim_statement(owner, models, lease_seconds, order, time.time())
-    row = session.execute(statement).one_or_none()
+    params = claim_params(owner, models, lease_seconds, time.time())
+    row = session.execute(claim_statement(order), params).one_or_none()
     if row is None:
         return None
     shard_id, batch_id, index, first_line, line_count, start, end, epoch, endpoint, key = row

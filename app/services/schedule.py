@@ -130,7 +130,7 @@ def _speeds(session: Session, now: float) -> dict[str, float]:
     ).all()
     recorded: dict[str, list[tuple[float, int]]] = defaultdict(list)
     for model, created_at, work in rows:
-        recorded[model].append((float(created_at), int(work or 0)))
+        recorded[str(model)].append((float(created_at), int(work or 0)))
     speeds = {model: recorded_speed(records) for model, records in recorded.items()}
     return {model: speed for model, speed in speeds.items() if speed > 0}
 
