@@ -25,7 +25,7 @@ from app.config import Settings
 from app.core.leases import ShardLease
 from app.core.states import FINALIZABLE_OUTCOMES, ShardOutcome
 from app.db.changes import ChangeWatch, watch_for
-from app.db.session import session_scope, upgrade
+from app.db.session import session_scope, statement_scope, upgrade
 from app.storage import Storage, storage_of
 from worker import claim, registry
 from worker.backoff import BackoffPolicy, follow_online_traffic
@@ -209,7 +209,7 @@ class Worker:
 
     async def _claim(self) -> bool:
         def take() -> ShardLease | None:
-            with session_scope(self.settings) as session:
+            with statement_scope(self.settings) as session:
                 return claim.claim_shard(
                     session,
                     self.options.worker_id,

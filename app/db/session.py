@@ -86,6 +86,20 @@ def session_scope(settings: Settings) -> Iterator[Session]:
         yield session
 
 
+@contextmanager
+def statement_scope(settings: Settings) -> Iterator[Session]:
+    """A session for one statement that is a whole transaction by itself (a claim).
+
+    On PostgreSQL it runs in autocommit: the statement is atomic on its own, and a busy
+    machine makes every round trip wait for a core, BEGIN and COMMIT included. SQLite keeps
+    its immediate transaction (no round trips there).
+    """
+    with session_factory(settings.sqlalchemy_url)() as session, session.begin():
+        if session.get_bind().dialect.name == "postgresql":
+            session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
+        yield session
+
+
 def alembic_config(url: str) -> Config:
     config = Config()
     config.set_main_option("script_location", str(Path(migrations.__file__).parent))
