@@ -3,9 +3,9 @@
 Two loads, each on a fresh database: one 20,000-request batch, and 50 batches of mixed sizes
 (20,000 requests in all) from 5 projects. Per worker count it prints requests/s and the
 speed-up over one worker, the share of the workers' time spent claiming, checkpointing and
-finalizing, claim latency p50/p99 (of every claim, and with each worker's first claim left out:
-its process's first statement, compiled cold while every worker starts at the same moment,
-shown apart as the first claims' maximum), and the checks: no shard claimed twice, every request
+finalizing, claim latency p50/p99 (of every claim, and after the start: each worker's first
+`START_CLAIMS` left out, as every worker makes them in the same instant, shown apart as their
+maximum), and the checks: no shard claimed twice, every request
 answered once, no deadlock (PostgreSQL's own counter) and no error in any worker's log.
 Targets: >= 12x one worker at 16, claim p99 < 50 ms at 16.
 
@@ -56,6 +56,12 @@ from tests.harness import POSTGRES_ADMIN_URL, fresh_database
 ROOT = Path(__file__).resolve().parent.parent
 # What a worker's log may not contain: an exception, a deadlock, a serialization failure.
 _LOG_PROBLEMS = re.compile(r"Traceback|deadlock|could not serialize|ERROR", re.IGNORECASE)
+
+
+# Every worker leaves the gate at once and claims a shard; it claims the next one as soon as
+# that one is fed (`worker/loop.py`), which, with equal shards and engines, is again the same
+# moment for all: these two claims of every worker meet in one burst on the machine's cores.
+START_CLAIMS = 2
 
 
 # -- the worker process (`bench_claims.py --worker …`) --
@@ -171,8 +177,8 @@ class Run:
     finalize_share: float
     claim_p50_ms: float
     claim_p99_ms: float
-    warm_claim_p99_ms: float  # each worker's first claim left out (its process warming up)
-    first_claim_max_ms: float
+    running_claim_p99_ms: float  # each worker's START_CLAIMS left out
+    start_claim_max_ms: float
     checkpoint_p99_ms: float
     claims: int
     twice: int
@@ -275,8 +281,8 @@ def run(args: argparse.Namespace, kind: str, workers: int, base: Path) -> Run:
         held = [tuple(h) for s in stats for h in s["held"]]
         busy = sum(s["ended"] - s["started"] for s in stats) or 1.0
         claims = [c for s in stats for c, _got in s["claims"]]
-        firsts = [s["claims"][0][0] for s in stats if s["claims"]]
-        warm = [c for s in stats for c, _got in s["claims"][1:]]
+        start = [c for s in stats for c, _got in s["claims"][:START_CLAIMS]]
+        running = [c for s in stats for c, _got in s["claims"][START_CLAIMS:]]
         checkpoints = [c for s in stats for c in s["checkpoints"]]
         problems = sum(
             len(_LOG_PROBLEMS.findall((folder / f"worker-{i}.log").read_text()))
@@ -293,8 +299,8 @@ def run(args: argparse.Namespace, kind: str, workers: int, base: Path) -> Run:
             finalize_share=sum(f for s in stats for f in s["finalizing"]) / busy,
             claim_p50_ms=_p(claims, 50),
             claim_p99_ms=_p(claims, 99),
-            warm_claim_p99_ms=_p(warm, 99),
-            first_claim_max_ms=1000 * max(firsts, default=0.0),
+            running_claim_p99_ms=_p(running, 99),
+            start_claim_max_ms=1000 * max(start, default=0.0),
             checkpoint_p99_ms=_p(checkpoints, 99),
             claims=len(held),
             twice=len(held) - len({shard for shard, _epoch in held}),
@@ -310,8 +316,8 @@ def header(kind: str, requests: int) -> None:
     print(f"\n{kind}: {requests:,} requests")
     print(
         "| workers | req/s | speed-up | req/s to last shard | claiming | checkpointing "
-        "| finalizing | claim p50 ms | claim p99 ms | claim p99 ms, first claims out "
-        "| first claim max ms | checkpoint p99 ms | shards claimed | twice | unanswered "
+        "| finalizing | claim p50 ms | claim p99 ms | claim p99 ms after the start "
+        "| start claims max ms | checkpoint p99 ms | shards claimed | twice | unanswered "
         "| deadlocks | log errors | peak connections | worker CPU ms/req |"
     )
     print("|" + "---|" * 19, flush=True)
@@ -323,8 +329,8 @@ def row(r: Run, one: float) -> None:
     print(
         f"| {r.workers} | {rate:,.0f} | {rate / one:.1f}x | {r.requests / r.run_seconds:,.0f} "
         f"| {r.claim_share:.2%} | {r.checkpoint_share:.2%} | {r.finalize_share:.2%} "
-        f"| {r.claim_p50_ms:.1f} | {r.claim_p99_ms:.1f} | {r.warm_claim_p99_ms:.1f} "
-        f"| {r.first_claim_max_ms:.1f} | {r.checkpoint_p99_ms:.1f} "
+        f"| {r.claim_p50_ms:.1f} | {r.claim_p99_ms:.1f} | {r.running_claim_p99_ms:.1f} "
+        f"| {r.start_claim_max_ms:.1f} | {r.checkpoint_p99_ms:.1f} "
         f"| {r.claims} | {r.twice} | {r.unanswered} | {r.deadlocks} | {r.log_problems} "
         f"| {r.peak_connections} | {r.cpu_ms_per_request:.2f} |",
         flush=True,
