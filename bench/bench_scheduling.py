@@ -236,6 +236,11 @@ def eta_errors(run: Run) -> dict[int, list[float]]:
                     continue
                 left = max(finish - hit.made_at, 1.0)
                 marks[mark].append(abs(hit.finish_at - finish) / left)
+                print(
+                    f"{run.order} ETA at {mark} % of {batch_id} ({hit.total} requests): "
+                    f"off by {hit.finish_at - finish:+.1f} s, {finish - hit.made_at:.1f} s left",
+                    flush=True,
+                )
     return marks
 
 
