@@ -121,17 +121,17 @@ def claim_statement(order: Order) -> ReturningUpdate[*tuple[Any, ...]]:
             heartbeat_at=bindparam("now"),
             attempts=Shard.attempts + 1,
         )
-        .returning(
-            Shard.id,
+        .returning(  # named as ShardLease's fields
+            Shard.id.label("shard_id"),
             Shard.batch_id,
             Shard.index,
             Shard.first_line,
             Shard.line_count,
             Shard.byte_start,
             Shard.byte_end,
-            Shard.lease_epoch,
-            endpoint,
-            input_key,
+            Shard.lease_epoch.label("epoch"),
+            endpoint.label("endpoint"),
+            input_key.label("input_key"),
         )
         .execution_options(synchronize_session=False)
     )
@@ -160,22 +160,7 @@ def claim_shard(
     """Take the best runnable shard in `order`."""
     params = claim_params(owner, models, lease_seconds, time.time())
     row = session.execute(claim_statement(order), params).one_or_none()
-    if row is None:
-        return None
-    shard_id, batch_id, index, first_line, line_count, start, end, epoch, endpoint, key = row
-    return ShardLease(
-        shard_id=shard_id,
-        batch_id=batch_id,
-        index=index,
-        first_line=first_line,
-        line_count=line_count,
-        byte_start=start,
-        byte_end=end,
-        epoch=epoch,
-        owner=owner,
-        endpoint=endpoint,
-        input_key=key,
-    )
+    return None if row is None else ShardLease(owner=owner, **row._mapping)
 
 
 def recorded_chunk_keys(session: Session, shard_id: int) -> list[str]:
