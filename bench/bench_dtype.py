@@ -50,8 +50,8 @@ def report(results: list[Result], picked: str) -> None:
 
 
 def main() -> None:
-    from worker.cli import cpu_default_dtype
-    from worker.models import ensure_converted
+    from worker.cli import default_dtype
+    from worker.models import SMOLLM2_CPU_DTYPE, ensure_converted
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=128)
@@ -67,7 +67,7 @@ def main() -> None:
     for dtype in args.dtypes.split(","):
         results.append(run_raw(model_dir, messages, args.max_tokens, work, dtype))
         print(f"  {dtype}: {results[-1].tokens} tokens in {results[-1].phase:.1f} s", flush=True)
-    report(results, cpu_default_dtype() or "auto")
+    report(results, default_dtype(SMOLLM2_CPU_DTYPE))
 
 
 if __name__ == "__main__":

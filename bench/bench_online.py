@@ -46,8 +46,12 @@ from bench.bench_worker import (  # noqa: E402
 )
 from tests.harness import free_port  # noqa: E402
 from worker.backoff import MAX_QUIET_SECONDS  # noqa: E402
+from worker.cli import default_dtype  # noqa: E402
+from worker.models import SMOLLM2_CPU_DTYPE  # noqa: E402
 
 ONLINE_MAX_TOKENS = 32
+# The worker's own dtype for SmolLM2 here, for the workers and raw LLM.chat alike.
+DTYPE = default_dtype(SMOLLM2_CPU_DTYPE)
 # In (b) and (d) the online stream runs this long before the batch starts, uncounted: the
 # batch then meets online traffic already there (a first request after a long quiet meets the
 # full window instead, see the README).
@@ -165,7 +169,7 @@ class Worker:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = data / f"{name}.log"
         command = [sys.executable, "-m", "app.cli", "worker", "--model", str(model_dir)]
-        command += ["--served-model-name", MODEL, *engine_flags("auto")]
+        command += ["--served-model-name", MODEL, *engine_flags(DTYPE)]
         command += ["--online-port", str(self.port), *flags]
         env = {**ENV, "OVERNIGHT_DATA_DIR": str(data)}
         with open(self.log, "wb") as log:
@@ -204,7 +208,7 @@ def main() -> None:
     model_dir = args.model_dir or ensure_converted(work)
     messages = chats(args.requests, repetitive=False)
     source = input_file(messages, args.max_tokens, work / "batch.jsonl")
-    raw = run_raw(model_dir, messages, args.max_tokens, work, "auto")
+    raw = run_raw(model_dir, messages, args.max_tokens, work, DTYPE)
     print(f"raw LLM.chat: {raw.rate:.1f} tok/s", flush=True)
 
     data = work / "data"

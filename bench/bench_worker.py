@@ -531,7 +531,8 @@ def report(runs: dict[str, list[Result]]) -> None:
 
 
 def main() -> None:
-    from worker.cli import cpu_default_dtype
+    from worker.cli import default_dtype
+    from worker.models import SMOLLM2_CPU_DTYPE
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=512)
@@ -541,9 +542,9 @@ def main() -> None:
     parser.add_argument("--skip-repetition", action="store_true")
     parser.add_argument(
         "--dtype",
-        default=cpu_default_dtype() or "auto",
+        default=default_dtype(SMOLLM2_CPU_DTYPE),
         help="dtype of (a), (b) and (c); (d) is the shipped default whatever this says "
-        "(default: the one the shipped worker picks on this machine; `auto` is vLLM's)",
+        "(default: the one the shipped worker picks for SmolLM2 here; `auto` is vLLM's)",
     )
     parser.add_argument(
         "--rounds",

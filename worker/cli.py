@@ -178,6 +178,14 @@ def cpu_default_dtype() -> str | None:
     return "float32"
 
 
+def default_dtype(cpu_dtype: str | None = None) -> str:
+    """The dtype a worker runs a model in without `--dtype`: the model's own on CPU, if it has
+    one (`worker.models.SMOLLM2_CPU_DTYPE`), else the CPU's default, else vLLM's (`auto`)."""
+    if cpu_dtype is not None and _on_cpu():
+        return cpu_dtype
+    return cpu_default_dtype() or "auto"
+
+
 def split_model(argv: Sequence[str]) -> tuple[str | None, list[str]]:
     """A first argument that is not an option is the model (`vllm serve MODEL …`)."""
     if argv and not argv[0].startswith("-"):
@@ -185,10 +193,14 @@ def split_model(argv: Sequence[str]) -> tuple[str | None, list[str]]:
     return None, list(argv)
 
 
-def prepare_args(args: argparse.Namespace, settings: Settings) -> argparse.Namespace:
-    """Resolve bundled models and fill the served name the deployment expects."""
+def prepare_args(
+    args: argparse.Namespace, settings: Settings, dtype_given: bool = False
+) -> argparse.Namespace:
+    """Resolve bundled models and fill the served name (and dtype) the deployment expects."""
     source = source_of(args.model, settings.models)
     resolved = resolve(source, settings.data_dir)
+    if not dtype_given:
+        args.dtype = default_dtype(resolved.cpu_dtype)
     named = is_bundled(source) or source != args.model
     if named and not args.served_model_name:
         served = settings.served_model(args.model)
@@ -222,7 +234,7 @@ def parse(argv: Sequence[str] | None, settings: Settings) -> tuple[argparse.Name
     vars(args).update(vars(ours))
     # Per-step statistics cost throughput and are off in vLLM's offline runner too.
     args.disable_log_stats = args.disable_log_stats or not ours.enable_log_stats
-    return prepare_args(args, settings), settings
+    return prepare_args(args, settings, dtype_given=_given(rest, "--dtype")), settings
 
 
 def _given(argv: Sequence[str], flag: str) -> bool:
