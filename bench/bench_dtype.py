@@ -3,9 +3,9 @@
     .venv/bin/python bench/bench_dtype.py [--requests 128] [--max-tokens 64]
         [--dtypes bfloat16,float32] [--model-dir FOLDER]
 
-The worker runs vLLM's default dtype (bfloat16) unless the CPU is x86 without bfloat16
-instructions (neither AVX512-BF16 nor AMX), where it picks float32
-(`worker.cli.cpu_default_dtype`).
+The worker runs the bundled SmolLM2 in float32 on every CPU (`worker.models.SMOLLM2_CPU_DTYPE`:
+in bfloat16 it answers badly there), other models in vLLM's default dtype unless the CPU is x86
+without bfloat16 instructions (`worker.cli.default_dtype`).
 This prints the CPU's flags, the worker's pick, and each dtype's tokens/s and ratio to the
 fastest, each in a cold child process, so that the pick can be checked on any machine.
 """

@@ -76,6 +76,8 @@ def test_served_names_resolve_to_bundled_models(tmp_path: Path) -> None:
     assert args.dtype == "float32", "the bundled SmolLM2 answers well on CPU in float32 only"
     args, _ = parse(["--model", "bundled:smollm2", "--dtype", "bfloat16"], settings)
     assert args.dtype == "bfloat16", "an explicit --dtype wins"
+    args, _ = parse(["--model", str(converted)], settings)
+    assert args.dtype == "float32", "its converted folder, named by path, is the same model"
 
     args, _ = parse(["--model", "all-MiniLM-L6-v2"], settings)
     assert args.served_model_name == ["all-MiniLM-L6-v2"] and args.runner == "pooling"

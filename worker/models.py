@@ -141,7 +141,9 @@ def ensure_converted(data_dir: Path) -> Path:
 def resolve(source: str, data_dir: Path) -> ResolvedModel:
     """Turns `bundled:smollm2`, `bundled:minilm`, a hub id or a folder into what vLLM loads."""
     if not source.startswith(BUNDLED_PREFIX):
-        return ResolvedModel(path=source)
+        # A folder converted from the bundled GGUF is the bundled SmolLM2 under another name.
+        converted = (Path(source) / _DONE_MARKER).is_file()
+        return ResolvedModel(path=source, cpu_dtype=SMOLLM2_CPU_DTYPE if converted else None)
     name = source.removeprefix(BUNDLED_PREFIX)
     if name == "smollm2":
         path = str(ensure_converted(data_dir))
