@@ -3,7 +3,7 @@
     .venv/bin/python bench/bench_dtype.py [--requests 128] [--max-tokens 64]
         [--dtypes bfloat16,float32] [--model-dir FOLDER]
 
-The worker runs the bundled SmolLM2 in float32 on every CPU (`worker.models.SMOLLM2_CPU_DTYPE`:
+The worker runs the bundled SmolLM2 in float32 on every CPU (`worker.models.SMOLLM2_AMX_DTYPE`:
 in bfloat16 it answers badly there), other models in vLLM's default dtype unless the CPU is x86
 without bfloat16 instructions (`worker.cli.default_dtype`).
 This prints the CPU's flags, the worker's pick, and each dtype's tokens/s and ratio to the
@@ -29,13 +29,33 @@ def cpu_flags() -> str:
     return f"AVX-512: {torch.cpu._is_avx512_supported()}, AVX512-BF16: {avx512_bf16}, AMX: {amx}"
 
 
-def report(results: list[Result], picked: str) -> None:
+# A quiz the dequantized 4-bit model mostly knows: where a dtype's kernels lose too much, the
+# answers go first (on an AMX Xeon in bfloat16, France's capital became "L'Étoile").
+CAPITALS = {
+    "France": "Paris", "Germany": "Berlin", "Italy": "Rome", "Spain": "Madrid",
+    "Japan": "Tokyo", "Egypt": "Cairo", "Canada": "Ottawa", "Russia": "Moscow",
+    "China": "Beijing", "Greece": "Athens", "Portugal": "Lisbon", "Austria": "Vienna",
+    "Norway": "Oslo", "Sweden": "Stockholm", "Poland": "Warsaw", "Ireland": "Dublin",
+    "Kenya": "Nairobi", "Peru": "Lima", "Argentina": "Buenos Aires", "Thailand": "Bangkok",
+    "United Kingdom": "London", "India": "New Delhi", "Mexico": "Mexico City", "Cuba": "Havana",
+}  # fmt: skip
+
+
+def quiz(model_dir: Path, work: Path, dtype: str) -> int:
+    """How many capitals the model names in `dtype`, greedy."""
+    questions = [[{"role": "user", "content": f"What is the capital of {c}?"}] for c in CAPITALS]
+    answers = run_raw(model_dir, questions, 24, work, dtype).texts
+    return sum(city in answer for city, answer in zip(CAPITALS.values(), answers, strict=True))
+
+
+def report(results: list[Result], picked: str, scores: dict[str, int]) -> None:
     fastest = max(r.tokens / r.phase for r in results)
-    print(f"{'dtype':<10} {'tokens':>7} {'seconds':>8} {'tok/s':>7} {'vs fastest':>11}")
+    print(f"{'dtype':<10} {'tokens':>7} {'seconds':>8} {'tok/s':>7} {'vs fastest':>11} capitals")
     for r in results:
         speed = r.tokens / r.phase
         print(
             f"{r.dtype:<10} {r.tokens:>7} {r.phase:>8.1f} {speed:>7.0f} {speed / fastest:>10.2f}x"
+            f" {scores[r.dtype]:>5}/{len(CAPITALS)}"
         )
     first, *others = results
     for other in others:
@@ -51,7 +71,7 @@ def report(results: list[Result], picked: str) -> None:
 
 def main() -> None:
     from worker.cli import default_dtype
-    from worker.models import SMOLLM2_CPU_DTYPE, ensure_converted
+    from worker.models import SMOLLM2_AMX_DTYPE, ensure_converted
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=128)
@@ -63,11 +83,12 @@ def main() -> None:
     model_dir = Path(args.model_dir) if args.model_dir else ensure_converted(work)
     messages = chats(args.requests, repetitive=False)
     print(cpu_flags(), flush=True)
-    results = []
+    results, scores = [], {}
     for dtype in args.dtypes.split(","):
         results.append(run_raw(model_dir, messages, args.max_tokens, work, dtype))
+        scores[results[-1].dtype] = quiz(model_dir, work, dtype)
         print(f"  {dtype}: {results[-1].tokens} tokens in {results[-1].phase:.1f} s", flush=True)
-    report(results, default_dtype(SMOLLM2_CPU_DTYPE))
+    report(results, default_dtype(SMOLLM2_AMX_DTYPE), scores)
 
 
 if __name__ == "__main__":

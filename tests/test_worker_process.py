@@ -73,19 +73,35 @@ def test_served_names_resolve_to_bundled_models(tmp_path: Path) -> None:
 
     args, _ = parse(["--model", "SmolLM2-135M-Instruct"], settings)
     assert args.model == str(converted) and args.served_model_name == ["SmolLM2-135M-Instruct"]
-    assert args.dtype == "float32", "the bundled SmolLM2 answers well on CPU in float32 only"
-    args, _ = parse(["--model", "bundled:smollm2", "--dtype", "bfloat16"], settings)
-    assert args.dtype == "bfloat16", "an explicit --dtype wins"
-    args, _ = parse(["--model", str(converted)], settings)
-    assert args.dtype == "float32", "its converted folder, named by path, is the same model"
-
     args, _ = parse(["--model", "all-MiniLM-L6-v2"], settings)
     assert args.served_model_name == ["all-MiniLM-L6-v2"] and args.runner == "pooling"
-    assert args.dtype == (cpu_default_dtype() or "auto"), "other models: the CPU's default"
     assert Path(args.model, "config.json").exists()
 
     args, _ = parse([], settings)
     assert args.model == str(converted), "the bundled SmolLM2 is the default"
+
+
+@pytest.mark.parametrize("amx", [True, False])
+def test_the_bundled_smollm2_runs_float32_only_where_vllm_runs_its_amx_kernels(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, amx: bool
+) -> None:
+    import torch
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        pytest.skip("the rule is for CPUs")
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    settings = Settings(data_dir=tmp_path, _env_file=None)  # type: ignore[call-arg]
+    converted = _fake_converted(tmp_path)
+    cpu_default = cpu_default_dtype() or "auto"
+    # Its served name, its bundled name and its converted folder by path are the same model.
+    for model in ("SmolLM2-135M-Instruct", "bundled:smollm2", str(converted)):
+        args, _ = parse(["--model", model], settings)
+        assert args.dtype == ("float32" if amx else cpu_default), model
+    args, _ = parse(["--model", "all-MiniLM-L6-v2"], settings)
+    assert args.dtype == cpu_default, "other models: the CPU's default"
+    args, _ = parse(["--model", "bundled:smollm2", "--dtype", "bfloat16"], settings)
+    assert args.dtype == "bfloat16", "an explicit --dtype wins"
 
 
 @pytest.mark.parametrize(

@@ -178,12 +178,20 @@ def cpu_default_dtype() -> str | None:
     return "float32"
 
 
-def default_dtype(cpu_dtype: str | None = None) -> str:
-    """The dtype a worker runs a model in without `--dtype`: the model's own on CPU, if it has
-    one (`worker.models.SMOLLM2_CPU_DTYPE`), else the CPU's default, else vLLM's (`auto`)."""
-    if cpu_dtype is not None and _on_cpu():
-        return cpu_dtype
+def default_dtype(amx_dtype: str | None = None) -> str:
+    """The dtype a worker runs a model in without `--dtype`: the model's own where vLLM runs its
+    AMX kernels, if it has one (`worker.models.SMOLLM2_AMX_DTYPE`), else the CPU's default, else
+    vLLM's (`auto`)."""
+    if amx_dtype is not None and _runs_amx_kernels():
+        return amx_dtype
     return cpu_default_dtype() or "auto"
+
+
+def _runs_amx_kernels() -> bool:
+    import torch
+
+    # The check vLLM makes before it picks its AMX attention and small-GEMM kernels.
+    return _on_cpu() and bool(torch.cpu._is_amx_tile_supported())
 
 
 def split_model(argv: Sequence[str]) -> tuple[str | None, list[str]]:
@@ -200,7 +208,7 @@ def prepare_args(
     source = source_of(args.model, settings.models)
     resolved = resolve(source, settings.data_dir)
     if not dtype_given:
-        args.dtype = default_dtype(resolved.cpu_dtype)
+        args.dtype = default_dtype(resolved.amx_dtype)
     named = is_bundled(source) or source != args.model
     if named and not args.served_model_name:
         served = settings.served_model(args.model)

@@ -24,12 +24,14 @@ from typing import Protocol
 BUNDLED_PREFIX = "bundled:"
 SMOLLM2_DIR = "SmolLM2-135M-Instruct"
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-# On CPU the bundled SmolLM2 runs float32 on every CPU. In vLLM's bfloat16 on an Intel Xeon
-# with AMX it answered "What is the capital of France?" with "L'Étoile, la Marseillaise, la
-# femme," at every batch size from 1 to 128, and its greedy texts changed with the requests
-# beside it (9 of 16 equal alone and in a batch of 128); in float32 it answered Paris and gave
-# the same texts at every batch size (16 of 16, 64 of 64).
-SMOLLM2_CPU_DTYPE = "float32"
+# The bundled SmolLM2 runs in vLLM's default bfloat16, except on a CPU where vLLM runs its AMX
+# kernels (its AMX attention and small-GEMM kernels, chosen on `torch.cpu._is_amx_tile_supported`).
+# There, on an Intel Xeon, the dequantized 4-bit model answered "What is the capital of France?"
+# with "L'Étoile, la Marseillaise, la femme," at every batch size from 1 to 128 and its greedy
+# texts changed with the requests beside it; in float32 it answered Paris. On an AMD EPYC with
+# AVX512-BF16 and no AMX, vLLM's bfloat16 answered 20 of 24 capitals and float32 19, and
+# bfloat16 ran 1.6x as fast (`bench/bench_dtype.py` prints both on any machine).
+SMOLLM2_AMX_DTYPE = "float32"
 _DONE_MARKER = ".overnight-converted"
 # The bundled models by the names they are served as.
 BUNDLED_NAMES = {"SmolLM2-135M-Instruct": "bundled:smollm2", "all-MiniLM-L6-v2": "bundled:minilm"}
@@ -42,7 +44,7 @@ class ResolvedModel:
     path: str
     served_name: str | None = None
     runner: str | None = None
-    cpu_dtype: str | None = None  # its dtype on CPU when none is given (else the CPU's default)
+    amx_dtype: str | None = None  # its dtype where vLLM runs its AMX kernels, if not the default
 
 
 class ModelNotFoundError(RuntimeError):
@@ -143,11 +145,11 @@ def resolve(source: str, data_dir: Path) -> ResolvedModel:
     if not source.startswith(BUNDLED_PREFIX):
         # A folder converted from the bundled GGUF is the bundled SmolLM2 under another name.
         converted = (Path(source) / _DONE_MARKER).is_file()
-        return ResolvedModel(path=source, cpu_dtype=SMOLLM2_CPU_DTYPE if converted else None)
+        return ResolvedModel(path=source, amx_dtype=SMOLLM2_AMX_DTYPE if converted else None)
     name = source.removeprefix(BUNDLED_PREFIX)
     if name == "smollm2":
         path = str(ensure_converted(data_dir))
-        return ResolvedModel(path, "SmolLM2-135M-Instruct", cpu_dtype=SMOLLM2_CPU_DTYPE)
+        return ResolvedModel(path, "SmolLM2-135M-Instruct", amx_dtype=SMOLLM2_AMX_DTYPE)
     if name == "minilm":
         return ResolvedModel(str(minilm_dir()), "all-MiniLM-L6-v2", runner="pooling")
     raise ModelNotFoundError(
