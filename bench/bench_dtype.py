@@ -3,11 +3,12 @@
     .venv/bin/python bench/bench_dtype.py [--requests 128] [--max-tokens 64]
         [--dtypes bfloat16,float32] [--model-dir FOLDER]
 
-The worker runs the bundled SmolLM2 in float32 on every CPU (`worker.models.SMOLLM2_AMX_DTYPE`:
-in bfloat16 it answers badly there), other models in vLLM's default dtype unless the CPU is x86
-without bfloat16 instructions (`worker.cli.default_dtype`).
-This prints the CPU's flags, the worker's pick, and each dtype's tokens/s and ratio to the
-fastest, each in a cold child process, so that the pick can be checked on any machine.
+The worker runs the bundled SmolLM2 in vLLM's default dtype, except in float32 where vLLM runs
+its AMX kernels (`worker.models.SMOLLM2_AMX_DTYPE`: in bfloat16 it answered badly there), and
+every model in float32 on an x86 CPU without bfloat16 instructions (`worker.cli.default_dtype`).
+This prints the CPU's flags, the worker's pick, each dtype's tokens/s and ratio to the fastest,
+and how many of 24 capitals each dtype names, each in a cold child process, so that the pick
+can be checked on any machine.
 """
 
 import argparse
@@ -70,8 +71,8 @@ def report(results: list[Result], picked: str, scores: dict[str, int]) -> None:
 
 
 def main() -> None:
-    from worker.cli import default_dtype
-    from worker.models import SMOLLM2_AMX_DTYPE, ensure_converted
+    from worker.cli import smollm2_dtype
+    from worker.models import ensure_converted
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=128)
@@ -88,7 +89,7 @@ def main() -> None:
         results.append(run_raw(model_dir, messages, args.max_tokens, work, dtype))
         scores[results[-1].dtype] = quiz(model_dir, work, dtype)
         print(f"  {dtype}: {results[-1].tokens} tokens in {results[-1].phase:.1f} s", flush=True)
-    report(results, default_dtype(SMOLLM2_AMX_DTYPE), scores)
+    report(results, smollm2_dtype(), scores)
 
 
 if __name__ == "__main__":

@@ -531,8 +531,7 @@ def report(runs: dict[str, list[Result]]) -> None:
 
 
 def main() -> None:
-    from worker.cli import default_dtype
-    from worker.models import SMOLLM2_AMX_DTYPE
+    from worker.cli import smollm2_dtype
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=512)
@@ -542,7 +541,7 @@ def main() -> None:
     parser.add_argument("--skip-repetition", action="store_true")
     parser.add_argument(
         "--dtype",
-        default=default_dtype(SMOLLM2_AMX_DTYPE),
+        default=smollm2_dtype(),
         help="dtype of (a), (b) and (c); (d) is the shipped default whatever this says "
         "(default: the one the shipped worker picks for SmolLM2 here; `auto` is vLLM's)",
     )

@@ -26,8 +26,8 @@ import pytest
 from tests.engine_fixtures import ENGINE_ENV, REPO
 from tests.file_server import Files, serving_files
 from tests.tiny_whisper import build_tiny_whisper, tone_wav
-from worker.cli import default_dtype
-from worker.models import SMOLLM2_AMX_DTYPE, ensure_converted, minilm_dir
+from worker.cli import smollm2_dtype
+from worker.models import ensure_converted, minilm_dir
 
 pytestmark = pytest.mark.engine
 
@@ -209,7 +209,7 @@ class Models:
             return ["--model", name, *flags]
         if name == CHAT_MODEL_NAME:
             # The dtype ours picks for the bundled SmolLM2 on this machine.
-            loaded = ["--model", str(self.chat_dir), "--dtype", default_dtype(SMOLLM2_AMX_DTYPE)]
+            loaded = ["--model", str(self.chat_dir), "--dtype", smollm2_dtype()]
         else:
             loaded = ["--model", str(minilm_dir())]
         return [*loaded, "--served-model-name", name, *flags]

@@ -16,6 +16,7 @@ from app.config import Settings
 from app.logging import is_text
 from worker.models import (
     BUNDLED_NAMES,
+    SMOLLM2_AMX_DTYPE,
     ModelNotFoundError,
     is_bundled,
     resolve,
@@ -185,6 +186,12 @@ def default_dtype(amx_dtype: str | None = None) -> str:
     if amx_dtype is not None and _runs_amx_kernels():
         return amx_dtype
     return cpu_default_dtype() or "auto"
+
+
+def smollm2_dtype() -> str:
+    """The dtype a worker picks for the bundled SmolLM2 on this machine (tests and benches
+    compare with vLLM in it: greedy texts are equal only within one dtype)."""
+    return default_dtype(SMOLLM2_AMX_DTYPE)
 
 
 def _runs_amx_kernels() -> bool:
