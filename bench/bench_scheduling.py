@@ -234,6 +234,11 @@ def eta_errors(run: Run) -> dict[int, list[float]]:
                 hit = next((r for r in rows if r.total and r.done >= r.total * mark / 100), None)
                 if hit is None or hit.finish_at is None or finish is None:
                     continue
+                if hit.made_at >= finish:
+                    # Made once every request had finished (a batch of one shard reports its
+                    # progress with its last checkpoint): no prediction to score.
+                    print(f"{run.order} ETA at {mark} % of {batch_id}: none before it finished")
+                    continue
                 left = max(finish - hit.made_at, 1.0)
                 marks[mark].append(abs(hit.finish_at - finish) / left)
                 print(

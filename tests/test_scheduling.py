@@ -19,15 +19,26 @@ from app.config import Settings
 from app.core.progress import Progress
 from app.core.schedule import Demand, Order, plan, recorded_speed
 from app.core.states import BatchStatus
-from app.db.models import Batch, BatchEstimate, Project, ProjectShare, Shard, SingletonLease
+from app.db.models import (
+    Batch,
+    BatchEstimate,
+    Project,
+    ProjectShare,
+    ResultChunk,
+    Shard,
+    SingletonLease,
+)
 from app.db.session import engine_for, session_scope, upgrade
 from app.services import housekeeping, schedule, singleton_lease
 from app.services.auth import ensure_project
+from app.services.throughput import throughput_series
+from app.storage import storage_of
 from tests.batch_sim import store_input_file
 from tests.engine_fixtures import chat_line, jsonl, start_batch, wait_status, wait_until
 from tests.fake_engine import MODEL, FakeEngine, ThreadedWorker, fast
 from tests.harness import RunningServer, fresh_database, running_server
 from worker import claim
+from worker.chunk_cleanup import delete_chunks
 
 LEASE = 30.0
 
@@ -172,6 +183,42 @@ def test_recorded_speed_counts_only_work_done_inside_the_measured_time() -> None
     # One moment tells no speed yet.
     assert recorded_speed([(10.0, 100)]) == 0.0
     assert recorded_speed([(10.0, 100), (10.0, 50)]) == 0.0
+
+
+def test_the_speed_counts_the_work_of_batches_that_ended_in_its_window(db: Settings) -> None:
+    """A batch's result chunks go when it ends: the model's measured speed keeps its work
+    from the throughput series kept on it, so the ETAs of the rest do not slow down."""
+    running, ended = _batch(db, "a", 4), _batch(db, "b", 2)
+    for _ in range(4):  # fair share: two shards of each, `ended` is then done
+        _claim_and_serve(db)
+    now = time.time()
+    with session_scope(db) as session:
+        # The moments its chunks were recorded: every 5 s per batch, 1 s apart.
+        chunks = session.execute(
+            select(ResultChunk.id, Shard.batch_id)
+            .join(Shard, Shard.id == ResultChunk.shard_id)
+            .order_by(Shard.batch_id, ResultChunk.id)
+        ).all()
+        base = {running: now - 10, ended: now - 9}
+        seen: dict[str, int] = {}
+        for chunk_id, batch_id in chunks:
+            at = base[batch_id] + 5 * seen.setdefault(batch_id, 0)
+            seen[batch_id] += 1
+            session.execute(
+                update(ResultChunk).where(ResultChunk.id == chunk_id).values(created_at=at)
+            )
+    with session_scope(db) as session:  # it ends as the finalizer ends it
+        batch = session.scalars(select(Batch).where(Batch.id == ended)).one()
+        assert batch.work_done == 20
+        batch.status, batch.completed_at = BatchStatus.COMPLETED, int(now - 3)
+        batch.completed = 2
+        batch.throughput = throughput_series(session, ended)
+    delete_chunks(db, storage_of(db), ended)
+    with session_scope(db) as session:
+        estimates = {e.batch_id: e for e in schedule.replan(session, Order.FAIR, now)}
+    # Work 10 at -10 (where the measured time starts), -9, -5, -4: 30 in 6 s, 5 a second.
+    # Without `ended`'s work it was 10 in 5 s, and the 20 left would take 10 s, not 4.
+    assert estimates[running].finish_at == pytest.approx(now + 4, abs=0.01)
 
 
 def test_one_planner_pass_at_a_time_and_the_lease_passes_on(db: Settings) -> None:

@@ -33,7 +33,7 @@ def work_of(progress: Progress) -> int:
     return progress.output_tokens or progress.input_tokens or progress.completed + progress.failed
 
 
-def recorded_speed(records: list[tuple[float, int]]) -> float:
+def recorded_speed(records: list[tuple[float, float]]) -> float:
     """Work per second from result chunks' `(recorded at, work)`; 0 until two moments are known.
 
     A chunk holds the work done since its shard's previous chunk, so the first one's work was

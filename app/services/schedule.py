@@ -19,12 +19,13 @@ from sqlalchemy.orm import Session
 from app.core.schedule import Demand, Estimate, Order, plan, recorded_speed
 from app.core.states import TERMINAL_BATCH_STATUSES, BatchStatus
 from app.db import upsert
-from app.db.models import Batch, BatchEstimate, Project, ProjectShare, ResultChunk, Shard
+from app.db.models import Batch, BatchEstimate, Project, ProjectShare, Shard
 from app.errors import not_found
 from app.schemas.admin import ProjectObject, ScheduledBatchObject
 from app.services.auth import find_project
+from app.services.throughput import recent_results
 
-# A model's speed is the work its workers recorded over this many seconds.
+# A model's speed is the work its workers finished over this many seconds.
 SPEED_WINDOW_SECONDS = 60.0
 # An estimate is kept each time a batch has done another twentieth of its requests.
 RECORD_STEPS = 20
@@ -120,17 +121,12 @@ def set_weight(session: Session, name_or_id: str, weight: float) -> ProjectObjec
 
 
 def _speeds(session: Session, now: float) -> dict[str, float]:
-    """Work per second each model's workers recorded over the last window."""
-    since = now - SPEED_WINDOW_SECONDS
-    rows = session.execute(
-        select(Batch.model, ResultChunk.created_at, ResultChunk.work)
-        .join(Shard, Shard.id == ResultChunk.shard_id)
-        .join(Batch, Batch.id == Shard.batch_id)
-        .where(ResultChunk.created_at >= since, Batch.model.is_not(None))
-    ).all()
-    recorded: dict[str, list[tuple[float, int]]] = defaultdict(list)
-    for model, created_at, work in rows:
-        recorded[str(model)].append((float(created_at), int(work or 0)))
+    """Work per second each model's workers finished over the last window, the work of
+    batches that ended in it included."""
+    recorded: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for result in recent_results(session, now - SPEED_WINDOW_SECONDS):
+        if result.model is not None:
+            recorded[result.model].append((float(result.at), float(result.work)))
     speeds = {model: recorded_speed(records) for model, records in recorded.items()}
     return {model: speed for model, speed in speeds.items() if speed > 0}
 
