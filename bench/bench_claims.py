@@ -4,20 +4,26 @@ Two loads, each on a fresh database: one 20,000-request batch, and 50 batches of
 (20,000 requests in all) from 5 projects. Per worker count it prints requests/s and the
 speed-up over one worker, the share of the workers' time spent claiming, checkpointing and
 finalizing, claim latency p50/p99 (of every claim, and after the start: each worker's first
-`START_CLAIMS` left out, as every worker makes them in the same instant, shown apart as their
-maximum), and the checks: no shard claimed twice, every request
-answered once, no deadlock (PostgreSQL's own counter) and no error in any worker's log.
-Targets: >= 12x one worker at 16, claim p99 < 50 ms at 16.
+`START_CLAIMS` left out, shown apart as their maximum), and the checks: no shard claimed
+twice, every request answered once, no deadlock (PostgreSQL's own counter) and no error in
+any worker's log. Targets: >= 12x one worker at 16, claim p99 < 50 ms at 16.
+
+How the load meets the fleet (`--arrival`):
+  idle      (the default, a deployment's case) every worker already runs, registered and
+            polling for work as an idle worker does, when the load goes in_progress; the
+            clock starts then, and claims count from the validation's start;
+  together  every worker waits at a gate and starts its `Worker` (registration, then the
+            first claims) in the same instant: 16 processes' start on two cores at once, a
+            burst a fleet started over time never makes.
 
 The workers are real processes running the real worker (`worker.loop.Worker`: claim, reader,
 scheduler, writer, checkpoints, finalizer, registry heartbeat) on a real data directory and
 PostgreSQL; only the engine is scripted (`tests.fake_engine.FakeEngine`). Its time is a
 sleep, not CPU, so that on a 2-core machine 16 workers are not 16 engines fighting for two
 cores: what is measured is the database path. Each worker keeps `2 * max_num_seqs` requests
-in flight, each answered after `--delay` seconds. Workers start before the load is
-validated and wait at a gate, so every worker count starts its clock the same way.
+in flight, each answered after `--delay` seconds.
 
-    .venv/bin/python bench/bench_claims.py [--postgres URL] [--workers 1,2,4,8,16]
+    .venv/bin/python bench/bench_claims.py [--workers 1,2,4,8,16] [--arrival idle|together]
 """
 
 import argparse
@@ -58,9 +64,8 @@ ROOT = Path(__file__).resolve().parent.parent
 _LOG_PROBLEMS = re.compile(r"Traceback|deadlock|could not serialize|ERROR", re.IGNORECASE)
 
 
-# Every worker leaves the gate at once and claims a shard; it claims the next one as soon as
-# that one is fed (`worker/loop.py`), which, with equal shards and engines, is again the same
-# moment for all: these two claims of every worker meet in one burst on the machine's cores.
+# A worker claims a shard, then the next one as soon as that one is fed (`worker/loop.py`):
+# with `--arrival together` these two claims of every worker meet in one burst.
 START_CLAIMS = 2
 
 
@@ -72,14 +77,15 @@ class WorkerStats:
     started: float = 0.0
     ended: float = 0.0
     cpu_seconds: float = 0.0  # the process's CPU time (every thread) from the gate on
-    claims: list[tuple[float, bool]] | None = None  # (seconds, got a shard)
+    claims: list[tuple[float, bool]] | None = None  # (seconds, got a shard), from the gate on
     held: list[tuple[int, int]] | None = None  # (shard id, epoch) of every claim
     checkpoints: list[float] | None = None
     finalizing: list[float] | None = None
 
 
-def _instrument(stats: WorkerStats) -> None:
-    """Times the claim, the checkpoint and the finalizer as the worker's event loop sees them."""
+def _instrument(stats: WorkerStats, counting: asyncio.Event) -> None:
+    """Times the claim, the checkpoint and the finalizer as the worker's event loop sees them;
+    a claim counts once `counting` is set (an idle fleet's empty polls before the load do not)."""
     from worker.loop import Worker
     from worker.shard import ShardRun
 
@@ -89,7 +95,8 @@ def _instrument(stats: WorkerStats) -> None:
     async def timed_claim(self: Worker) -> bool:
         start = time.perf_counter()
         got = await claim(self)
-        stats.claims.append((time.perf_counter() - start, got))  # type: ignore[union-attr]
+        if counting.is_set():
+            stats.claims.append((time.perf_counter() - start, got))  # type: ignore[union-attr]
         if got:
             lease = list(self.active.values())[-1].lease
             stats.held.append((lease.shard_id, lease.epoch))  # type: ignore[union-attr]
@@ -115,21 +122,41 @@ def _instrument(stats: WorkerStats) -> None:
 async def _worker_main(args: argparse.Namespace) -> int:
     from app.config import get_settings
     from tests.fake_engine import FakeEngine
+    from worker.health import WorkerState
     from worker.loop import Worker, WorkerOptions, install_signal_handlers
 
     settings = get_settings()
     upgrade(settings.sqlalchemy_url)
-    stats = WorkerStats()
-    _instrument(stats)
+    stats, counting = WorkerStats(), asyncio.Event()
+    _instrument(stats, counting)
     stop = asyncio.Event()
     install_signal_handlers(stop)
-    Path(args.stats).with_suffix(".ready").touch()
-    gate = Path(args.gate)
-    while not gate.exists() and not stop.is_set():
-        await asyncio.sleep(0.005)
-    stats.started, cpu = time.time(), time.process_time()
     engine = FakeEngine(delay=args.delay, max_num_seqs=args.max_num_seqs)
-    code = await Worker(settings, engine, WorkerOptions(worker_id=args.worker_id)).run(stop)
+    worker = Worker(settings, engine, WorkerOptions(worker_id=args.worker_id))
+    ready = Path(args.stats).with_suffix(".ready")
+    gate, cpu = Path(args.gate), 0.0
+
+    async def start_counting() -> None:
+        nonlocal cpu
+        while not gate.exists() and not stop.is_set():
+            await asyncio.sleep(0.005)
+        stats.started, cpu = time.time(), time.process_time()
+        counting.set()
+
+    if args.arrival == "together":
+        ready.touch()
+        await start_counting()
+        code = await worker.run(stop)
+    else:
+        # Registered and polling before the load exists: `.ready` once the first claim ran.
+        counter = asyncio.create_task(start_counting())
+        running = asyncio.create_task(worker.run(stop))
+        while worker.health.state is not WorkerState.READY and not running.done():
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(settings.worker_poll_seconds)
+        ready.touch()
+        code = await running
+        counter.cancel()
     stats.ended, stats.cpu_seconds = time.time(), time.process_time() - cpu
     Path(args.stats).write_text(json.dumps(stats.__dict__))
     return code
@@ -231,6 +258,7 @@ def run(args: argparse.Namespace, kind: str, workers: int, base: Path) -> Run:
             cmd = [sys.executable, __file__, "--worker", f"--worker-id=bench-{i}"]
             cmd += [f"--gate={gate}", f"--stats={folder / f'worker-{i}.json'}"]
             cmd += [f"--delay={args.delay}", f"--max-num-seqs={args.max_num_seqs}"]
+            cmd += [f"--arrival={args.arrival}"]
             cmd += ["--profile"] if args.profile else []
             procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT))
         while not all((folder / f"worker-{i}.ready").exists() for i in range(workers)):
@@ -238,7 +266,9 @@ def run(args: argparse.Namespace, kind: str, workers: int, base: Path) -> Run:
                 raise RuntimeError(f"a worker died at start; see {folder}")
             time.sleep(0.05)
         deadlocks = _deadlocks(db_name)
-        validate_pending(settings, "bench-validator")
+        if args.arrival == "idle":
+            gate.touch()  # claims count from here: the idle fleet's polls meet the load
+        validate_pending(settings, "bench-validator")  # the load goes in_progress on return
         gate.touch()
         started = time.time()
         peak = 0
@@ -350,6 +380,12 @@ def main() -> int:
     parser.add_argument("--delay", type=float, default=0.1, help="engine seconds per request")
     parser.add_argument("--max-num-seqs", type=int, default=8, help="in flight: twice this")
     parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument(
+        "--arrival",
+        choices=("idle", "together"),
+        default="idle",
+        help="idle: the fleet runs when the load arrives; together: every worker starts at once",
+    )
     parser.add_argument("--profile", action="store_true", help="cProfile each worker (.prof)")
     args = parser.parse_args()
     if args.worker:
@@ -367,7 +403,8 @@ def main() -> int:
         f"PostgreSQL {POSTGRES_ADMIN_URL.rsplit('@', 1)[-1]}, scripted engine: "
         f"{2 * args.max_num_seqs} in flight per worker, {args.delay * 1000:g} ms each "
         f"(one worker's ceiling {2 * args.max_num_seqs / args.delay:,.0f} req/s), "
-        f"shards of {args.shard_lines} lines, {os.cpu_count()} cores; data in {base}"
+        f"shards of {args.shard_lines} lines, {os.cpu_count()} cores, arrival {args.arrival}; "
+        f"data in {base}"
     )
     counts = [int(n) for n in args.workers.split(",")]
     for kind in args.loads.split(","):

@@ -157,3 +157,27 @@ def test_an_idle_worker_does_not_claim_on_every_commit_of_others(
         picked_up = min(engine.started.values()) - started
     assert idle_claims <= 15, f"{idle_claims} claims for 60 unrelated commits"
     assert picked_up < 2.0, f"the first request reached the engine {picked_up:.2f} s after"
+
+
+def test_a_shards_first_holder_reads_no_recorded_chunks(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shard's first lease has nobody's results to skip: no query for them beside the claim.
+    (A later holder still reads them: tests/test_faults.py kills holders and counts lines.)"""
+    from worker import claim
+
+    settings = settings.model_copy(update={"shard_lines": 2})
+    upgrade(settings.sqlalchemy_url)
+    looked_up: list[int] = []
+    real = claim.recorded_chunk_keys
+
+    def counted(session: Any, shard_id: int) -> list[str]:
+        looked_up.append(shard_id)
+        return real(session, shard_id)
+
+    monkeypatch.setattr(claim, "recorded_chunk_keys", counted)
+    with ThreadedWorker(settings, Recording()):
+        batch_id = in_progress_batch(settings, 6)
+        wait_for(lambda: batch_sim.load_batch(settings, batch_id).status == "completed", 60)
+    assert looked_up == []
+    assert batch_sim.load_batch(settings, batch_id).completed == 6

@@ -19,7 +19,7 @@ from enum import Enum
 from sqlalchemy.exc import IntegrityError
 
 from app.config import Settings
-from app.core.leases import BatchState, ShardLease
+from app.core.leases import FIRST_EPOCH, BatchState, ShardLease
 from app.core.states import ShardOutcome
 from app.db.session import session_scope
 from app.storage import Storage
@@ -213,6 +213,10 @@ class ShardRun:
             await asyncio.sleep(self.options.checkpoint_seconds)
 
     def _recorded_keys(self) -> list[str]:
+        if self.lease.epoch == FIRST_EPOCH:
+            # The shard's first holder: nobody recorded anything before it, so no transaction
+            # (at the start of a batch every worker would run one beside its next claim).
+            return []
         with session_scope(self.settings) as session:
             return claim.recorded_chunk_keys(session, self.lease.shard_id)
 

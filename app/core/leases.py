@@ -9,6 +9,9 @@ from dataclasses import dataclass
 from app.core.chunks import chunk_key
 from app.core.states import BatchStatus, ShardOutcome
 
+# The epoch of a lease's first holder: a shard's epoch starts at 0 and every claim bumps it.
+FIRST_EPOCH = 1
+
 
 @dataclass(frozen=True)
 class BatchLease:
