@@ -201,12 +201,26 @@ def children_for(
         Child(
             f"worker {name}",
             _cli("worker", "--model", name, "--data-dir", data_dir, *_online_args(settings, port)),
-            env,
+            env if i == 0 else {**env, **_beside_the_first_engine()},
         )
-        for name in models
+        for i, name in enumerate(models)
         for port in [(online or {}).get(name)]
     ]
     return [api, *workers]
+
+
+def _beside_the_first_engine() -> dict[str, str]:
+    """Where a further CPU engine's threads go: the core vLLM leaves to its front ends.
+
+    Every CPU engine binds its compute threads itself, all to the same cores (vLLM's `auto`
+    keeps the last one for schedulers and front ends), so a second engine, idle or not, would
+    take its cycles from the first one's. This one runs on the left-over core instead; an
+    explicit `VLLM_CPU_OMP_THREADS_BIND` is the user's, and a CUDA engine ignores it.
+    """
+    cores = sorted(os.sched_getaffinity(0))
+    if "VLLM_CPU_OMP_THREADS_BIND" in os.environ or len(cores) < 2:
+        return {}
+    return {"VLLM_CPU_OMP_THREADS_BIND": str(cores[-1])}
 
 
 def _online_args(settings: Settings, port: int | None) -> list[str]:

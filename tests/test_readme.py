@@ -153,6 +153,33 @@ def _descendants(pid: int) -> list[psutil.Process]:
         return []
 
 
+def _pinned_cores(pid: int) -> set[int]:
+    """The cores that threads of `pid`'s engine processes are pinned to one by one: where vLLM
+    bound its compute threads."""
+    cores: set[int] = set()
+    for process in _descendants(pid):
+        for thread in process.threads():
+            try:
+                allowed = os.sched_getaffinity(thread.id)
+            except OSError:  # the thread ended meanwhile
+                continue
+            if len(allowed) == 1:
+                cores |= allowed
+    return cores
+
+
+def test_each_engine_computes_on_cores_of_its_own(served: Served) -> None:
+    """The idle embedding engine takes no cycles from the chat engine's cores (issue 16)."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one core: there is nothing to share out")
+    workers = served.live_workers()
+    chat = _pinned_cores(int(str(workers["SmolLM2-135M-Instruct"]["pid"])))
+    embedding = _pinned_cores(int(str(workers["all-MiniLM-L6-v2"]["pid"])))
+    assert chat and embedding, (chat, embedding)
+    assert not chat & embedding, (chat, embedding)
+    assert max(os.sched_getaffinity(0)) in embedding
+
+
 def test_a_killed_worker_is_replaced_then_ctrl_c_stops_all(served: Served) -> None:
     chat = served.live_workers()["SmolLM2-135M-Instruct"]
     old_pid = int(str(chat["pid"]))
