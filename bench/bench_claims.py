@@ -148,7 +148,7 @@ async def _worker_main(args: argparse.Namespace) -> int:
         await start_counting()
         code = await worker.run(stop)
     else:
-        # Registered and polling before the load exists: `.ready` once the first claim ran.
+        # Registered and polling before the load exists: `.ready` after one poll interval.
         counter = asyncio.create_task(start_counting())
         running = asyncio.create_task(worker.run(stop))
         while worker.health.state is not WorkerState.READY and not running.done():
@@ -269,7 +269,8 @@ def run(args: argparse.Namespace, kind: str, workers: int, base: Path) -> Run:
         if args.arrival == "idle":
             gate.touch()  # claims count from here: the idle fleet's polls meet the load
         validate_pending(settings, "bench-validator")  # the load goes in_progress on return
-        gate.touch()
+        if args.arrival == "together":
+            gate.touch()
         started = time.time()
         peak = 0
         try:
