@@ -4,7 +4,8 @@ Two loads, each on a fresh database: one 20,000-request batch, and 50 batches of
 (20,000 requests in all) from 5 projects. Per worker count it prints requests/s and the
 speed-up over one worker, the share of the workers' time spent claiming, checkpointing and
 finalizing, claim latency p50/p99 (of every claim, and after the start: each worker's first
-`START_CLAIMS` left out, shown apart as their maximum), and the checks: no shard claimed
+`START_CLAIMS` left out, shown apart as their maximum; and the claim's transaction alone,
+timed inside its thread, with its CPU), and the checks: no shard claimed
 twice, every request answered once, no deadlock (PostgreSQL's own counter) and no error in
 any worker's log. Targets: >= 12x one worker at 16, claim p99 < 50 ms at 16.
 
@@ -78,19 +79,34 @@ class WorkerStats:
     ended: float = 0.0
     cpu_seconds: float = 0.0  # the process's CPU time (every thread) from the gate on
     claims: list[tuple[float, bool]] | None = None  # (seconds, got a shard), from the gate on
+    # (seconds, CPU seconds) of each counted claim's transaction, timed inside its thread
+    claim_threads: list[tuple[float, float]] | None = None
     held: list[tuple[int, int]] | None = None  # (shard id, epoch) of every claim
     checkpoints: list[float] | None = None
     finalizing: list[float] | None = None
 
 
 def _instrument(stats: WorkerStats, counting: asyncio.Event) -> None:
-    """Times the claim, the checkpoint and the finalizer as the worker's event loop sees them;
-    a claim counts once `counting` is set (an idle fleet's empty polls before the load do not)."""
+    """Times the claim, the checkpoint and the finalizer as the worker's event loop sees them,
+    and the claim's transaction inside its thread too (what the database path takes, without
+    the waits for the worker's own event loop); a claim counts once `counting` is set (an idle
+    fleet's empty polls before the load do not)."""
     from worker.loop import Worker
     from worker.shard import ShardRun
 
     stats.claims, stats.held, stats.checkpoints, stats.finalizing = [], [], [], []
+    stats.claim_threads = []
     claim, checkpoint, finalize = Worker._claim, ShardRun._checkpoint, Worker._finalize_now
+    take = Worker._take_shard
+
+    def timed_take(self: Worker) -> Any:
+        start, cpu = time.perf_counter(), time.thread_time()
+        try:
+            return take(self)
+        finally:
+            if counting.is_set():
+                spent = (time.perf_counter() - start, time.thread_time() - cpu)
+                stats.claim_threads.append(spent)  # type: ignore[union-attr]
 
     async def timed_claim(self: Worker) -> bool:
         start = time.perf_counter()
@@ -115,6 +131,7 @@ def _instrument(stats: WorkerStats, counting: asyncio.Event) -> None:
         stats.finalizing.append(time.perf_counter() - start)  # type: ignore[union-attr]
 
     Worker._claim = timed_claim  # type: ignore[method-assign]
+    Worker._take_shard = timed_take  # type: ignore[method-assign]
     ShardRun._checkpoint = timed_checkpoint  # type: ignore[method-assign]
     Worker._finalize_now = timed_finalize  # type: ignore[method-assign]
 
@@ -206,6 +223,8 @@ class Run:
     claim_p99_ms: float
     running_claim_p99_ms: float  # each worker's START_CLAIMS left out
     start_claim_max_ms: float
+    claim_thread_p99_ms: float  # the claim's transaction, timed in its thread
+    claim_cpu_p50_ms: float
     checkpoint_p99_ms: float
     claims: int
     twice: int
@@ -315,6 +334,7 @@ def run(args: argparse.Namespace, kind: str, workers: int, base: Path) -> Run:
         start = [c for s in stats for c, _got in s["claims"][:START_CLAIMS]]
         running = [c for s in stats for c, _got in s["claims"][START_CLAIMS:]]
         checkpoints = [c for s in stats for c in s["checkpoints"]]
+        in_thread = [tuple(c) for s in stats for c in s["claim_threads"]]
         problems = sum(
             len(_LOG_PROBLEMS.findall((folder / f"worker-{i}.log").read_text()))
             for i in range(workers)
@@ -332,6 +352,8 @@ def run(args: argparse.Namespace, kind: str, workers: int, base: Path) -> Run:
             claim_p99_ms=_p(claims, 99),
             running_claim_p99_ms=_p(running, 99),
             start_claim_max_ms=1000 * max(start, default=0.0),
+            claim_thread_p99_ms=_p([wall for wall, _cpu in in_thread], 99),
+            claim_cpu_p50_ms=_p([cpu for _wall, cpu in in_thread], 50),
             checkpoint_p99_ms=_p(checkpoints, 99),
             claims=len(held),
             twice=len(held) - len({shard for shard, _epoch in held}),
@@ -348,10 +370,11 @@ def header(kind: str, requests: int) -> None:
     print(
         "| workers | req/s | speed-up | req/s to last shard | claiming | checkpointing "
         "| finalizing | claim p50 ms | claim p99 ms | claim p99 ms after the start "
-        "| start claims max ms | checkpoint p99 ms | shards claimed | twice | unanswered "
+        "| start claims max ms | claim p99 ms in its thread | claim CPU p50 ms "
+        "| checkpoint p99 ms | shards claimed | twice | unanswered "
         "| deadlocks | log errors | peak connections | worker CPU ms/req |"
     )
-    print("|" + "---|" * 19, flush=True)
+    print("|" + "---|" * 21, flush=True)
 
 
 def row(r: Run, one: float) -> None:
@@ -361,7 +384,8 @@ def row(r: Run, one: float) -> None:
         f"| {r.workers} | {rate:,.0f} | {rate / one:.1f}x | {r.requests / r.run_seconds:,.0f} "
         f"| {r.claim_share:.2%} | {r.checkpoint_share:.2%} | {r.finalize_share:.2%} "
         f"| {r.claim_p50_ms:.1f} | {r.claim_p99_ms:.1f} | {r.running_claim_p99_ms:.1f} "
-        f"| {r.start_claim_max_ms:.1f} | {r.checkpoint_p99_ms:.1f} "
+        f"| {r.start_claim_max_ms:.1f} | {r.claim_thread_p99_ms:.1f} | {r.claim_cpu_p50_ms:.1f} "
+        f"| {r.checkpoint_p99_ms:.1f} "
         f"| {r.claims} | {r.twice} | {r.unanswered} | {r.deadlocks} | {r.log_problems} "
         f"| {r.peak_connections} | {r.cpu_ms_per_request:.2f} |",
         flush=True,

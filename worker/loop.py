@@ -207,19 +207,20 @@ class Worker:
             await asyncio.sleep(WATCH_SECONDS)
             version = watch.version()
 
-    async def _claim(self) -> bool:
-        def take() -> ShardLease | None:
-            with statement_scope(self.settings) as session:
-                return claim.claim_shard(
-                    session,
-                    self.options.worker_id,
-                    self.engine.served_names,
-                    self.settings.lease_seconds,
-                    self.settings.scheduler,
-                )
+    def _take_shard(self) -> ShardLease | None:
+        """The claim's transaction (blocking: it runs in a thread)."""
+        with statement_scope(self.settings) as session:
+            return claim.claim_shard(
+                session,
+                self.options.worker_id,
+                self.engine.served_names,
+                self.settings.lease_seconds,
+                self.settings.scheduler,
+            )
 
+    async def _claim(self) -> bool:
         try:
-            lease = await asyncio.to_thread(take)
+            lease = await asyncio.to_thread(self._take_shard)
         except Exception as exc:
             # The heartbeat task probes the database until it answers, then claiming resumes.
             self._database_failed(exc)

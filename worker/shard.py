@@ -137,7 +137,10 @@ class ShardRun:
                     self._outstanding -= 1
                     raise
         self.fed_all.set()
-        self._wake.set()
+        if self._outstanding == 0:
+            # Else the last answer wakes the supervisor to close the shard: a checkpoint now
+            # would meet the worker's next claim, which this very moment triggers.
+            self._wake.set()
 
     async def _supervise(self, feeder: "asyncio.Task[None]") -> ShardOutcome:
         while True:
