@@ -88,17 +88,25 @@ def test_a_dead_child_is_restarted_and_its_group_cleared(tmp_path: Path) -> None
 
 def test_backoff_grows_for_a_child_that_keeps_failing(tmp_path: Path) -> None:
     starts = tmp_path / "starts"
-    child = Child("api", [sys.executable, "-c", f"open({str(starts)!r}, 'a').write('x')"])
+    record_start = f"import time; open({str(starts)!r}, 'a').write(f'{{time.monotonic()}}\\n')"
+    child = Child("api", [sys.executable, "-c", record_start])
     supervisor = Supervisor([child], backoff=(0.05, 0.5, 60), grace_seconds=1)
     thread = threading.Thread(target=supervisor.run, daemon=True)
     thread.start()
+
+    def started() -> list[float]:
+        return [float(t) for t in starts.read_text().split()] if starts.exists() else []
+
     try:
-        time.sleep(2.5)
+        # Timed by the starts themselves: on a busy machine one Python start can take a second.
+        wait_for(lambda: child.failures == 3, what="three failed starts")
+        time.sleep(1.0)
     finally:
         supervisor.stopping.set()
         thread.join(10)
     # Starts at 0, then after 0.05 s, then after 0.5 s; the next pause is a minute.
-    assert starts.read_text() == "xxx"
+    first, second, third = started()
+    assert second - first >= 0.05 and third - second >= 0.5
     assert child.failures == 3
 
 
