@@ -79,6 +79,11 @@ class Alerts:
             dialog.dismiss()
 
 
+# A live page shows a change at its next refresh, after the change itself (a worker's
+# registration, say): on a busy 2-core machine that took longer than Playwright's 5 s.
+expect.set_options(timeout=20_000)
+
+
 def open_page(browser: Browser, server: RunningServer, width: int = 1280) -> tuple[Page, Alerts]:
     page = browser.new_page(viewport={"width": width, "height": 900}, accept_downloads=True)
     page.set_default_timeout(30_000)
