@@ -334,7 +334,7 @@ def run(args: argparse.Namespace, kind: str, workers: int, base: Path) -> Run:
         start = [c for s in stats for c, _got in s["claims"][:START_CLAIMS]]
         running = [c for s in stats for c, _got in s["claims"][START_CLAIMS:]]
         checkpoints = [c for s in stats for c in s["checkpoints"]]
-        in_thread = [tuple(c) for s in stats for c in s["claim_threads"]]
+        in_thread = [c for s in stats for c in s["claim_threads"]]
         problems = sum(
             len(_LOG_PROBLEMS.findall((folder / f"worker-{i}.log").read_text()))
             for i in range(workers)

@@ -300,13 +300,8 @@ def run_batch(models: Models, tmp_path: Path, case: Case) -> Run:
     source.write_text(case.data)
     env = {**os.environ, **ENGINE_ENV, "OVERNIGHT_DATA_DIR": str(models.data_dir)}
     with tempfile.NamedTemporaryFile("r", dir=tmp_path, suffix=".jsonl") as output_file:
-        args = [
-            "-i",
-            str(source),
-            "-o",
-            output_file.name,
-            *models.args(case.model, case.max_model_len),
-        ]
+        model = models.args(case.model, case.max_model_len)
+        args = ["-i", str(source), "-o", output_file.name, *model]
         proc = subprocess.run(
             [*command, *args, *ENGINE_FLAGS, *case.flags],
             env=env,

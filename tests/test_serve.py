@@ -93,10 +93,6 @@ def test_backoff_grows_for_a_child_that_keeps_failing(tmp_path: Path) -> None:
     supervisor = Supervisor([child], backoff=(0.05, 0.5, 60), grace_seconds=1)
     thread = threading.Thread(target=supervisor.run, daemon=True)
     thread.start()
-
-    def started() -> list[float]:
-        return [float(t) for t in starts.read_text().split()] if starts.exists() else []
-
     try:
         # Timed by the starts themselves: on a busy machine one Python start can take a second.
         wait_for(lambda: child.failures == 3, what="three failed starts")
@@ -105,7 +101,7 @@ def test_backoff_grows_for_a_child_that_keeps_failing(tmp_path: Path) -> None:
         supervisor.stopping.set()
         thread.join(10)
     # Starts at 0, then after 0.05 s, then after 0.5 s; the next pause is a minute.
-    first, second, third = started()
+    first, second, third = (float(t) for t in starts.read_text().split())
     assert second - first >= 0.05 and third - second >= 0.5
     assert child.failures == 3
 
