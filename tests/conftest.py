@@ -2,7 +2,7 @@
 
 import os
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import boto3
@@ -13,6 +13,7 @@ import pytest
 from app.config import Settings
 from tests.file_server import serving_files
 from tests.harness import RunningServer, fresh_database, running_server, s3_server
+from tests.reference_llm import answers_in_background
 
 BACKENDS = ["sqlite", "postgresql"]
 
@@ -35,8 +36,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 @pytest.fixture
 def settings(backend: str, tmp_path: Path) -> Iterator[Settings]:
-    """Settings of an isolated deployment: its own data dir and its own empty database."""
-    with fresh_database(backend, tmp_path) as url:
+    """Settings of an isolated deployment: its own data dir and its own migrated database."""
+    with fresh_database(backend, tmp_path, migrated=True) as url:
         yield Settings(data_dir=tmp_path, database_url=url, _env_file=None)  # type: ignore[call-arg]
 
 
@@ -95,11 +96,35 @@ def s3_bucket(s3_endpoint: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The bundled SmolLM2, converted once for every real-engine test of the session."""
+def models_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A data dir whose `models/` holds the bundled SmolLM2, converted once for the whole run:
+    the test processes share it (the first converts, the others wait on its lock)."""
     from worker.models import ensure_converted
 
-    return ensure_converted(tmp_path_factory.mktemp("models"))
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's own folder, above each test process's
+    ensure_converted(root / "shared-data")
+    return root / "shared-data"
+
+
+@pytest.fixture(scope="session")
+def smollm2(models_data_dir: Path) -> Path:
+    """The bundled SmolLM2's converted folder, for every real-engine test of the run."""
+    from worker.models import ensure_converted
+
+    return ensure_converted(models_data_dir)
+
+
+@pytest.fixture(scope="session")
+def reference(smollm2: Path, models_data_dir: Path) -> Iterator[Callable[[], list[str]]]:
+    """vLLM's own `LLM.chat` answers to REFERENCE_CHATS (tests/reference_llm.py), greedy,
+    computed once for the run in the background; calling waits for them."""
+    from tests.engine_fixtures import ENGINE_ENV
+
+    env = {**os.environ, **ENGINE_ENV}
+    with answers_in_background(smollm2, models_data_dir / "reference", env) as answers:
+        yield answers
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -277,7 +277,7 @@ D = TypeVar("D", bound=Deployment)
 @contextmanager
 def deployment(backend: str, data_dir: Path, **overrides: Any) -> Iterator[Deployment]:
     data_dir.mkdir(parents=True, exist_ok=True)
-    with fresh_database(backend, data_dir) as url:
+    with fresh_database(backend, data_dir, migrated=True) as url:
         settings = Settings(  # type: ignore[call-arg]
             data_dir=data_dir,
             database_url=url,

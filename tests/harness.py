@@ -1,8 +1,13 @@
 """Real parts for tests: a fresh database (SQLite file or PostgreSQL) and the app under uvicorn."""
 
+import fcntl
+import functools
+import hashlib
 import os
 import secrets
+import shutil
 import socket
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -15,10 +20,11 @@ import uvicorn
 from moto.server import ThreadedMotoServer
 
 from app.config import Settings
-from app.db.session import engine_for
+from app.db.session import engine_for, upgrade
 from app.http_server import server_options
 from app.main import create_app
 
+REPO = Path(__file__).resolve().parent.parent
 POSTGRES_ADMIN_URL = os.environ.get(
     "OVERNIGHT_TEST_POSTGRES_URL", "postgresql://root@127.0.0.1:5432/test"
 )
@@ -32,22 +38,73 @@ def free_port() -> int:
 
 
 @contextmanager
-def fresh_database(backend: str, data_dir: Path) -> Iterator[str]:
-    """Yields a SQLAlchemy URL of an empty database, dropped afterwards."""
+def fresh_database(backend: str, data_dir: Path, migrated: bool = False) -> Iterator[str]:
+    """Yields a SQLAlchemy URL of a database of its own, dropped afterwards: empty, or with
+    `migrated` a copy of one that the migrations built once for the whole test run."""
     if backend == "sqlite":
-        yield f"sqlite:///{data_dir / 'overnight.db'}"
+        path = data_dir / "overnight.db"
+        if migrated:
+            shutil.copyfile(_sqlite_template(), path)
+        yield f"sqlite:///{path}"
         return
     name = "overnight_test_" + secrets.token_hex(6)
+    template = f' TEMPLATE "{_postgres_template()}"' if migrated else ""
     with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    base = POSTGRES_ADMIN_URL.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://")
-    url = f"{base}/{name}"
+        conn.execute(f'CREATE DATABASE "{name}"{template}')
+    url = _postgres_url(name)
     try:
         yield url
     finally:
         engine_for(url).dispose()
         with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _postgres_url(name: str) -> str:
+    base = POSTGRES_ADMIN_URL.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://")
+    return f"{base}/{name}"
+
+
+def _migrations_digest() -> str:
+    """Names a template after the migrations that built it: a changed one builds a new one."""
+    digest = hashlib.sha256()
+    for path in sorted((REPO / "migrations" / "versions").glob("*.py")):
+        digest.update(path.name.encode() + path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+@functools.cache
+def _sqlite_template() -> Path:
+    folder = Path(tempfile.gettempdir()) / "overnight-test-templates"
+    folder.mkdir(exist_ok=True)
+    template = folder / f"sqlite-{_migrations_digest()}.db"
+    with open(folder / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the test processes build it once between them
+        if not template.exists():
+            building = folder / f"building-{os.getpid()}.db"
+            url = f"sqlite:///{building}"
+            upgrade(url)
+            engine_for(url).dispose()  # its last connection checkpoints the WAL into the file
+            os.replace(building, template)
+    return template
+
+
+@functools.cache
+def _postgres_template() -> str:
+    name = f"overnight_template_{_migrations_digest()}"
+    with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as conn:
+        conn.execute("SELECT pg_advisory_lock(hashtext('overnight-test-template'))")
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
+        if not exists:
+            building = f"{name}_building"
+            conn.execute(f'DROP DATABASE IF EXISTS "{building}" WITH (FORCE)')
+            conn.execute(f'CREATE DATABASE "{building}"')
+            url = _postgres_url(building)
+            upgrade(url)
+            engine_for(url).dispose()  # a template is copied only while no one is connected
+            conn.execute(f'ALTER DATABASE "{building}" RENAME TO "{name}"')
+        conn.execute("SELECT pg_advisory_unlock(hashtext('overnight-test-template'))")
+    return name
 
 
 @dataclass

@@ -3,7 +3,6 @@
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -95,17 +94,15 @@ def test_worker_help_is_quick_and_shows_overnights_options_first() -> None:
     script = (
         "import sys\nfrom app.cli import main\n"
         "try:\n    main(['worker', '--help'])\nexcept SystemExit:\n    pass\n"
-        "print('vllm loaded:', 'vllm' in sys.modules)"
+        "print('vllm loaded:', 'vllm' in sys.modules, 'torch loaded:', 'torch' in sys.modules)"
     )
-    started = time.monotonic()
     result = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120
     )
-    elapsed = time.monotonic() - started
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert out.startswith("usage: overnight worker [MODEL]")
-    assert "vllm loaded: False" in out, "--help must not import vLLM"
+    # What makes a start slow (seconds of imports) is not loaded: --help answers at once.
+    assert "vllm loaded: False torch loaded: False" in out, "--help must not import vLLM"
     assert "--window" in out and "--no-dedup" in out and "--help=all" in out
     assert "default: True" not in out and "default: None" not in out
-    assert elapsed < 15, f"worker --help took {elapsed:.1f} s"

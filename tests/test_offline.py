@@ -29,7 +29,6 @@ from tests.engine_fixtures import ENGINE_ARGS, ENGINE_ENV, MODEL, chat_line, jso
 from tests.fake_engine import FakeEngine
 from tests.file_server import Files
 from worker.loop import Worker, WorkerOptions
-from worker.models import ensure_converted
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -39,10 +38,7 @@ def lines_of(data: bytes) -> list[dict[str, Any]]:
 
 
 @pytest.mark.engine
-def test_real_engine_from_url_to_url(
-    file_server: str, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
-) -> None:
-    model_dir = ensure_converted(tmp_path_factory.mktemp("models"))
+def test_real_engine_from_url_to_url(file_server: str, tmp_path: Path, smollm2: Path) -> None:
     requests = [chat_line(f"q-{i}", f"Name a colour, {i}.", max_tokens=8) for i in range(5)]
     requests.append(chat_line("too-long", max_tokens=10**7))  # the engine refuses it: a 400
     Files.served["/in.jsonl"] = jsonl(requests)
@@ -53,7 +49,7 @@ def test_real_engine_from_url_to_url(
             "-o", f"{file_server}/out.jsonl",
             "--error-file", str(tmp_path / "errors.jsonl"),
             "--work-dir", str(tmp_path / "work"),
-            "--model", str(model_dir),
+            "--model", str(smollm2),
             "--served-model-name", MODEL,
             "--output-format", "openai",
             *ENGINE_ARGS,

@@ -6,11 +6,8 @@ starts. The worker runs with a small scheduler (8 sequences, so a window of 16) 
 full window cheap. The last test SIGKILLs the worker and finishes its batch on a new one.
 """
 
-import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -28,9 +25,7 @@ from app.db.session import session_scope
 from app.services import online_usage
 from app.services.auth import create_key
 from tests.engine_fixtures import (
-    ENGINE_ENV,
     MODEL,
-    REPO,
     Deployment,
     WorkerProcess,
     chat_line,
@@ -44,22 +39,15 @@ from tests.engine_fixtures import (
     wait_status,
 )
 from tests.harness import free_port
+from tests.reference_llm import REFERENCE_CHATS
 from worker.online import USAGE_FLUSH_SECONDS
 
 pytestmark = pytest.mark.engine
 
 MAX_NUM_SEQS = 8  # the window is twice this; the busy window 4 (the CPU default)
-CHATS: list[dict[str, Any]] = [
-    {"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 16},
-    {
-        "messages": [
-            {"role": "system", "content": "You are a terse assistant."},
-            {"role": "user", "content": "Name three colours."},
-        ],
-        "max_tokens": 24,
-    },
-    {"messages": [{"role": "user", "content": "Write a haiku about rain."}], "max_tokens": 12},
-]
+# The shared reference chats this file asks (their answers: `Online.reference`).
+ASKED = (0, 1, 4)
+CHATS = [REFERENCE_CHATS[i] for i in ASKED]
 
 
 @dataclass
@@ -83,33 +71,15 @@ class Online:
         return httpx.post(f"{self.url}{path}", json=body, headers=headers, timeout=120)
 
 
-def reference_answers(smollm2: Path, folder: Path) -> tuple[subprocess.Popen[bytes], Path]:
-    """tests/reference_llm.py (vLLM's `LLM.chat`, greedy) on CHATS, in the background."""
-    source, target = folder / "in.json", folder / "out.json"
-    source.write_text(json.dumps(CHATS))
-    with open(folder / "log", "wb") as log:
-        command = [sys.executable, str(REPO / "tests" / "reference_llm.py"), str(smollm2)]
-        process = subprocess.Popen(
-            [*command, str(source), str(target)],
-            env={**os.environ, **ENGINE_ENV},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=REPO,
-        )
-    return process, target
-
-
 @pytest.fixture(scope="module")
-def online(smollm2: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Online]:
-    folder = tmp_path_factory.mktemp("reference")
-    process, target = reference_answers(smollm2, folder)
-
+def online(
+    smollm2: Path, reference: Callable[[], list[str]], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Online]:
     def answers() -> list[str]:
-        assert process.wait(600) == 0, (folder / "log").read_text()[-3000:]
-        texts: list[str] = json.loads(target.read_text())
-        return texts
+        return [reference()[i] for i in ASKED]
 
-    with deployment("sqlite", tmp_path_factory.mktemp("online")) as running:
+    # /metrics names projects only when asked to.
+    with deployment("sqlite", tmp_path_factory.mktemp("online"), metrics_per_batch=True) as running:
         with session_scope(running.settings) as session:
             keys = {"default": create_key(session, "default", role="admin")[1]}
             keys |= {p: create_key(session, p)[1] for p in ("alpha", "beta")}
@@ -118,8 +88,6 @@ def online(smollm2: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         worker = running.start_worker("online-1", [*smollm2_args(smollm2), *flags])
         worker.wait_ready(timeout=900)
         yield Online(running, worker, f"http://127.0.0.1:{port}", keys, answers)
-    if process.poll() is None:
-        process.kill()
 
 
 def batch_lines(prefix: str, n: int, max_tokens: int) -> bytes:

@@ -27,7 +27,7 @@ from tests.engine_fixtures import ENGINE_ENV, REPO
 from tests.file_server import Files, serving_files
 from tests.tiny_whisper import build_tiny_whisper, tone_wav
 from worker.cli import smollm2_dtype
-from worker.models import ensure_converted, minilm_dir
+from worker.models import minilm_dir
 
 pytestmark = pytest.mark.engine
 
@@ -216,10 +216,11 @@ class Models:
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> Models:
-    data_dir = tmp_path_factory.mktemp("data")
+def models(
+    models_data_dir: Path, smollm2: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Models:
     whisper = build_tiny_whisper(tmp_path_factory.mktemp("whisper"))
-    return Models(data_dir, ensure_converted(data_dir), whisper)
+    return Models(models_data_dir, smollm2, whisper)
 
 
 @dataclass

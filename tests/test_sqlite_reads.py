@@ -28,4 +28,5 @@ def test_reads_are_not_blocked_by_a_writer(tmp_path: Path) -> None:
             waited = time.monotonic() - started
         assert listed.status_code == 200
         assert len(listed.json()["data"]) == 1
-        assert waited < 2, f"a read waited {waited:.1f} s for the writer"
+        # A read that took the write lock would wait out busy_timeout (30 s) behind it.
+        assert waited < 10, f"a read waited {waited:.1f} s for the writer"

@@ -8,12 +8,9 @@ here (~30 s each on 2 cores), so every engine is started once and shared.
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import openai
@@ -31,9 +28,7 @@ from app.services.batches import create_batch
 from tests.batch_sim import load_batch, store_input_file
 from tests.engine_fixtures import (
     CHAT,
-    ENGINE_ENV,
     MODEL,
-    REPO,
     Deployment,
     chat_line,
     deployment,
@@ -48,6 +43,7 @@ from tests.engine_fixtures import (
     wait_status,
 )
 from tests.harness import free_port
+from tests.reference_llm import REFERENCE_CHATS
 
 pytestmark = pytest.mark.engine
 
@@ -55,65 +51,6 @@ COMPLETIONS = "/v1/completions"
 EMBEDDINGS = "/v1/embeddings"
 RESPONSES = "/v1/responses"
 MINILM = "all-MiniLM-L6-v2"
-
-REFERENCE_CHATS: list[dict[str, Any]] = [
-    {"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 16},
-    {
-        "messages": [
-            {"role": "system", "content": "You are a terse assistant."},
-            {"role": "user", "content": "Name three colours."},
-        ],
-        "max_tokens": 24,
-    },
-    {
-        "messages": [{"role": "user", "content": "Count from one to ten."}],
-        "max_tokens": 24,
-        "stop": [","],
-    },
-    {
-        "messages": [
-            {"role": "user", "content": "Hi!"},
-            {"role": "assistant", "content": "Hello! How can I help?"},
-            {"role": "user", "content": "Tell me a fact about cats."},
-        ],
-        "max_tokens": 20,
-    },
-    {"messages": [{"role": "user", "content": "Write a haiku about rain."}], "max_tokens": 8},
-]
-
-
-@pytest.fixture(scope="module")
-def reference(
-    smollm2: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Callable[[], list[str]]]:
-    """vLLM's own `LLM.chat` answers, computed in a subprocess while the workers start."""
-    folder = tmp_path_factory.mktemp("reference")
-    source, target = folder / "in.json", folder / "out.json"
-    source.write_text(json.dumps(REFERENCE_CHATS))
-    with open(folder / "log", "wb") as log:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                str(REPO / "tests" / "reference_llm.py"),
-                str(smollm2),
-                str(source),
-                str(target),
-            ],
-            env={**os.environ, **ENGINE_ENV},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=REPO,
-        )
-
-    def answers() -> list[str]:
-        code = process.wait(600)
-        assert code == 0, (folder / "log").read_text()[-3000:]
-        texts: list[str] = json.loads(target.read_text())
-        return texts
-
-    yield answers
-    if process.poll() is None:
-        process.kill()
 
 
 @pytest.fixture(scope="module")
