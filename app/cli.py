@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from app.client import register as register_client_commands
 from app.config import Settings, get_settings
+from app.core.redaction import masked_url
 from app.db.session import session_scope, upgrade
 from app.offline import add_arguments as add_run_batch_arguments
 from app.version import overnight_version
@@ -99,7 +100,7 @@ def cmd_api(args: argparse.Namespace) -> int:
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
     settings = _settings(args)
     upgrade(settings.sqlalchemy_url)
-    print(f"database at the newest schema: {settings.sqlalchemy_url}")
+    print(f"database at the newest schema: {masked_url(settings.sqlalchemy_url)}")
     return 0
 
 

@@ -50,11 +50,24 @@ DEFAULT_MODELS = [
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
-        env_prefix="OVERNIGHT_", env_file=".env", extra="ignore", env_nested_delimiter="__"
+        env_prefix="OVERNIGHT_",
+        env_file=".env",
+        extra="ignore",
+        env_nested_delimiter="__",
+        # An error must not print what it was given: the database URL's password, a key.
+        hide_input_in_errors=True,
     )
 
     host: str = "127.0.0.1"
     port: int = 8000
+    # Open mode (no API keys) answers only requests whose Host is loopback, an IP address,
+    # `host` or one of these names; a state-changing request may come from their pages too.
+    allowed_hosts: list[str] = []
+    # Proxies whose X-Forwarded-Proto and X-Forwarded-For are believed (uvicorn's
+    # forwarded_allow_ips: addresses or networks, "*" for any): the scheme they report
+    # decides the dashboard cookie's Secure flag. None: uvicorn's FORWARDED_ALLOW_IPS, or
+    # else loopback.
+    forwarded_allow_ips: list[str] | None = None
     data_dir: Path = Path("./data")
     # Defaults to a SQLite file inside data_dir.
     database_url: str | None = None
@@ -98,6 +111,9 @@ class Settings(BaseSettings):
     # Which runnable shard a worker takes next: `fair` (fair share by project weight, batches
     # at risk of missing their deadline first) or `fifo` (the oldest batch first).
     scheduler: Order = Order.FAIR
+    # `/metrics` names batches and projects in its labels only when this is on: the
+    # endpoint needs no key.
+    metrics_per_batch: bool = False
     log_level: str = "info"
     # "json": one object a line with the request id (for log collectors); "text" for a
     # terminal; "auto": text when stderr is a terminal, else JSON.
@@ -112,12 +128,17 @@ class Settings(BaseSettings):
     worker_poll_seconds: float = 0.25
     worker_drain_seconds: float = 10.0
     # Webhooks: targets on loopback or private networks are refused unless allowed (a tenant
-    # must not make the server probe its own network); one attempt's timeout; the first
-    # retry's delay (doubling up to an hour); how long an event is retried (OpenAI: 72 h).
+    # must not make the server probe its own network); one attempt's deadline, all of it
+    # (the host's lookup, connecting, sending, the answer's head and at most 64 KiB of its
+    # body); the first retry's delay (doubling up to an hour); how long an event is retried
+    # (OpenAI: 72 h); how many attempts an API process has in flight at once, and to any
+    # one endpoint (a slow receiver holds its own slots only).
     webhook_allow_private: bool = False
-    webhook_timeout_seconds: float = 5.0
+    webhook_timeout_seconds: float = Field(default=5.0, gt=0)
     webhook_retry_seconds: float = 10.0
     webhook_retry_window_seconds: float = 72 * 3600
+    webhook_senders: int = Field(default=16, ge=1)
+    webhook_sends_per_endpoint: int = Field(default=2, ge=1)
 
     @model_validator(mode="after")
     def _check(self) -> "Settings":

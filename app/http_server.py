@@ -1,4 +1,5 @@
-"""How uvicorn serves the API: connection timeouts that uvicorn does not have by default.
+"""How uvicorn serves the API: connection timeouts that uvicorn does not have by default,
+and which proxies it believes about the original request's scheme and client.
 
 uvicorn closes an idle keep-alive connection, but a client that connects and sends
 nothing, or trickles its request line and headers a byte at a time, keeps its
@@ -56,4 +57,9 @@ def server_options(settings: Settings) -> dict[str, Any]:
         (HeaderTimeoutProtocol,),
         {"header_timeout_seconds": settings.header_timeout_seconds},
     )
-    return {"http": protocol, "timeout_keep_alive": 5}
+    return {
+        "http": protocol,
+        "timeout_keep_alive": 5,
+        "proxy_headers": True,
+        "forwarded_allow_ips": settings.forwarded_allow_ips,
+    }

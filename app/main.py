@@ -10,6 +10,7 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.api.body import BodyTimeoutMiddleware
+from app.api.browser_guard import BrowserGuardMiddleware
 from app.api.nul_bytes import RejectNulMiddleware
 from app.api.openapi import install_openapi
 from app.api.routes import admin, batches, files, health, models, uploads, webhooks
@@ -99,6 +100,7 @@ def create_app(settings: Settings | None = None, access: Access | None = None) -
     install_dashboard(app)
     install_metrics(app, settings)
     app.add_middleware(RejectNulMiddleware)
+    app.add_middleware(BrowserGuardMiddleware, settings=settings)
     app.add_middleware(BodyTimeoutMiddleware, idle_seconds=settings.body_idle_timeout_seconds)
     app.add_middleware(AccessLogMiddleware)
     app.add_middleware(RequestIdMiddleware)

@@ -67,28 +67,59 @@ class DatabaseCollector(Collector):
             waits,
         )
         yield from _worker_metrics(workers)
-        yield _throughput_metric(running)
-        yield from _online_metrics(online)
+        per_tenant = self.settings.metrics_per_batch
+        yield _throughput_metric(running, per_tenant)
+        yield from _online_metrics(online, per_tenant)
 
 
-def _online_metrics(rows: list[online_usage.UsageRow]) -> Iterator[Metric]:
-    labels = ["project", "model"]
-    requests = CounterMetricFamily(
-        "overnight_online_requests",
-        "Engine requests of workers' online APIs, by the caller's project.",
-        labels=labels,
-    )
-    tokens = CounterMetricFamily(
-        "overnight_online_tokens",
-        "Tokens of workers' online APIs, by the caller's project.",
-        labels=["kind", *labels],
-    )
+# Labels that name a tenant's objects: shown only with `metrics_per_batch`, since
+# `/metrics` needs no key. Without them, samples that differ only there are summed.
+TENANT_LABELS = ("batch", "project")
+
+
+class _Samples:
+    """Samples of one family, keyed by its label values, with tenant labels dropped
+    (and their samples added up) unless they are shown."""
+
+    def __init__(self, labels: list[str], per_tenant: bool) -> None:
+        self.labels = [n for n in labels if per_tenant or n not in TENANT_LABELS]
+        self.values: dict[tuple[str, ...], float] = {}
+
+    def add(self, value: float, **labels: str) -> None:
+        key = tuple(labels[name] for name in self.labels)
+        self.values[key] = self.values.get(key, 0.0) + value
+
+    def into(self, family: GaugeMetricFamily | CounterMetricFamily) -> Metric:
+        for key, value in self.values.items():
+            family.add_metric(list(key), value)
+        return family
+
+
+def _online_metrics(rows: list[online_usage.UsageRow], per_tenant: bool) -> Iterator[Metric]:
+    requests = _Samples(["project", "model"], per_tenant)
+    tokens = _Samples(["kind", "project", "model"], per_tenant)
     for row in rows:
-        requests.add_metric([row.project, row.model], row.requests)
-        tokens.add_metric(["prompt", row.project, row.model], row.input_tokens)
-        tokens.add_metric(["generated", row.project, row.model], row.output_tokens)
-        tokens.add_metric(["cached", row.project, row.model], row.cached_tokens)
-    yield from (requests, tokens)
+        requests.add(row.requests, project=row.project, model=row.model)
+        for kind, count in (
+            ("prompt", row.input_tokens),
+            ("generated", row.output_tokens),
+            ("cached", row.cached_tokens),
+        ):
+            tokens.add(count, kind=kind, project=row.project, model=row.model)
+    yield requests.into(
+        CounterMetricFamily(
+            "overnight_online_requests",
+            "Engine requests of workers' online APIs (by the caller's project if shown).",
+            labels=requests.labels,
+        )
+    )
+    yield tokens.into(
+        CounterMetricFamily(
+            "overnight_online_tokens",
+            "Tokens of workers' online APIs (by the caller's project if shown).",
+            labels=tokens.labels,
+        )
+    )
 
 
 def _queue_metric(
@@ -134,20 +165,25 @@ def _histogram(name: str, documentation: str, by_model: dict[str, monitoring.Dur
     return histogram
 
 
-def _throughput_metric(running: list[monitoring.BatchView]) -> Metric:
-    rate = GaugeMetricFamily(
-        "overnight_batch_throughput",
-        "What each running batch makes per second of its running time "
-        "(output tokens; embeddings: input tokens or inputs).",
-        labels=["batch", "model", "unit"],
-    )
+def _throughput_metric(running: list[monitoring.BatchView], per_tenant: bool) -> Metric:
+    rates = _Samples(["batch", "model", "unit"], per_tenant)
     now = time.time()
     for view in running:
         throughput = view.throughput(now)
-        rate.add_metric(
-            [view.batch.id, view.batch.model or "", throughput.unit], throughput.per_second
+        rates.add(
+            throughput.per_second,
+            batch=view.batch.id,
+            model=view.batch.model or "",
+            unit=throughput.unit,
         )
-    return rate
+    return rates.into(
+        GaugeMetricFamily(
+            "overnight_batch_throughput",
+            "What each running batch makes per second of its running time (output tokens; "
+            "embeddings: input tokens or inputs); summed by model unless batches are shown.",
+            labels=rates.labels,
+        )
+    )
 
 
 def _worker_metrics(workers: list[monitoring.WorkerView]) -> Iterator[Metric]:

@@ -1,7 +1,9 @@
-"""Alembic environment: migrates whatever URL the caller put in the config."""
+"""Alembic environment: migrates whatever URL the caller put in the config, on the
+connection the caller passed in `config.attributes["connection"]` if any (`upgrade` passes
+the one that holds its lock)."""
 
 from alembic import context
-from sqlalchemy import create_engine, pool
+from sqlalchemy import Connection, create_engine, pool
 
 from app.db.models import Base
 
@@ -18,15 +20,23 @@ def run_migrations_offline() -> None:
 
 
 def run_migrations_online() -> None:
+    given: Connection | None = config.attributes.get("connection")
+    if given is not None:
+        _migrate(given)  # committed by the caller, which began its transaction
+        return
     connectable = create_engine(url, poolclass=pool.NullPool)
     with connectable.connect() as connection:
-        context.configure(
-            connection=connection,
-            target_metadata=Base.metadata,
-            render_as_batch=connection.dialect.name == "sqlite",
-        )
-        with context.begin_transaction():
-            context.run_migrations()
+        _migrate(connection)
+
+
+def _migrate(connection: Connection) -> None:
+    context.configure(
+        connection=connection,
+        target_metadata=Base.metadata,
+        render_as_batch=connection.dialect.name == "sqlite",
+    )
+    with context.begin_transaction():
+        context.run_migrations()
 
 
 if context.is_offline_mode():

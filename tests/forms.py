@@ -32,3 +32,7 @@ def multipart(*parts: Part, boundary: str = BOUNDARY, close: bool = True) -> byt
 
 def content_type(boundary: str = BOUNDARY) -> dict[str, str]:
     return {"Content-Type": f"multipart/form-data; boundary={boundary}"}
+
+
+# curl -H 'Content-Type: application/json': an open deployment takes JSON bodies only so.
+JSON_TYPE = {"Content-Type": "application/json"}

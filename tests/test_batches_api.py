@@ -21,9 +21,12 @@ from app.ids import new_batch_id
 from app.schemas.batches import CreateBatchRequest
 from app.services import batches as service
 from app.services.auth import DEFAULT_PROJECT, create_key, ensure_project
+from app.services.validation import validate_pending
 from tests import batch_sim as sim
+from tests.forms import JSON_TYPE
 from tests.harness import RunningServer, running_server
 from tests.spec import assert_error, assert_matches_schema
+from worker.finalizer import finalize_ready_batches
 
 N = 23  # requests per test file: three shards of 10, 10 and 3
 
@@ -144,8 +147,8 @@ def test_batch_objects_have_every_key_and_match_the_official_schema(
 ) -> None:
     file_id = upload(client, sim.requests_file(3))
     body = {"input_file_id": file_id, "endpoint": "/v1/completions", "completion_window": "24h"}
-    # curl's default form Content-Type, as in OpenAI's own examples
-    response = http.post("/v1/batches", content=orjson.dumps(body))
+    # Open mode takes JSON bodies as application/json only (keyed mode: any Content-Type).
+    response = http.post("/v1/batches", content=orjson.dumps(body), headers=JSON_TYPE)
     assert response.status_code == 200 and response.headers["x-request-id"].startswith("req_")
     created = response.json()
     assert_matches_schema(created, "Batch")
@@ -264,7 +267,7 @@ def test_create_time_errors(
         body = {k: v for k, v in good.items() if k != missing}
         error = assert_error(http.post("/v1/batches", json=body), 400, param=missing)
         assert error["code"] == "missing_required_parameter"
-    assert_error(http.post("/v1/batches", content=b"{nope"), 400)
+    assert_error(http.post("/v1/batches", content=b"{nope", headers=JSON_TYPE), 400)
     # the limits themselves are accepted
     edge = good | {
         "metadata": {f"{i:064d}": "v" * 512 for i in range(16)},
@@ -336,13 +339,12 @@ def _create(client: openai.OpenAI, n: int = N) -> str:
     ).id
 
 
-def test_cancel_while_validating(client: openai.OpenAI, server: RunningServer) -> None:
-    file_id = upload(client, sim.requests_file(N))
-    project_id = _project_of(server.settings, file_id)
+def _validating_batch(settings: Settings, file_id: str, expires_in: int) -> str:
+    """A `validating` batch that another validator holds, as if reading a large file."""
+    project_id = _project_of(settings, file_id)
     now = int(time.time())
     batch_id = new_batch_id()
-    with session_scope(server.settings) as session:
-        # Another validator holds the batch, as if it were reading a large file.
+    with session_scope(settings) as session:
         session.add(
             Batch(
                 id=batch_id,
@@ -352,21 +354,57 @@ def test_cancel_while_validating(client: openai.OpenAI, server: RunningServer) -
                 completion_window="24h",
                 status="validating",
                 created_at=now,
-                expires_at=now + 86400,
+                expires_at=now + expires_in,
                 lease_owner="slow-validator",
                 lease_epoch=1,
                 heartbeat_at=time.time(),
             )
         )
+    return batch_id
+
+
+def _assert_ended_unread(batch: openai.types.Batch) -> None:
+    """As at OpenAI: a batch whose input was never read counts no request and has no file."""
+    assert batch.in_progress_at is None
+    assert (batch.output_file_id, batch.error_file_id) == (None, None)
+    counts = batch.request_counts
+    assert counts is not None and (counts.total, counts.completed, counts.failed) == (0, 0, 0)
+    assert counts.model_extra == {"cancelled": 0, "expired": 0}
+
+
+def test_cancel_while_validating(client: openai.OpenAI, server: RunningServer) -> None:
+    file_id = upload(client, sim.requests_file(N))
+    batch_id = _validating_batch(server.settings, file_id, 86400)
     cancelling = client.batches.cancel(batch_id)
     assert cancelling.status == "cancelling" and cancelling.cancelling_at is not None
     time.sleep(0.5)
     assert client.batches.retrieve(batch_id).status == "cancelling"  # its lease is respected
     _set(server.settings, batch_id, lease_owner=None, heartbeat_at=None)  # the validator lets go
     cancelled = wait_for(client, batch_id, "cancelled")
-    assert cancelled.cancelled_at is not None and cancelled.in_progress_at is None
-    assert (cancelled.output_file_id, cancelled.error_file_id) == (None, None)
-    assert cancelled.request_counts is not None and cancelled.request_counts.total == 0
+    assert cancelled.cancelled_at is not None
+    _assert_ended_unread(cancelled)
+
+
+def test_a_batch_that_expires_while_validating_is_not_validated_after(settings: Settings) -> None:
+    """Its validator died and the window closed meanwhile: the next validator leaves it, and
+    it ends `expired` as it is, like a batch cancelled while validating (not with a
+    `batch_expired` line for each request it never had a chance to run)."""
+    idle = settings.model_copy(update={"housekeeping_interval_seconds": 3600})
+    with (
+        running_server(idle) as server,
+        openai.OpenAI(
+            base_url=server.base_url, api_key="sk", max_retries=0, _strict_response_validation=True
+        ) as client,
+    ):
+        file_id = upload(client, sim.requests_file(N))
+        batch_id = _validating_batch(server.settings, file_id, -1)
+        _set(server.settings, batch_id, lease_owner=None, heartbeat_at=None)  # the holder died
+        # The housekeeping steps, in the order that let an expired batch be validated.
+        assert validate_pending(server.settings, "validator") == 0
+        assert finalize_ready_batches(server.settings, "finalizer") == 1
+        expired = client.batches.retrieve(batch_id)
+        assert expired.status == "expired" and expired.expired_at is not None
+        _assert_ended_unread(expired)
 
 
 def _project_of(settings: Settings, file_id: str) -> str:
@@ -427,20 +465,49 @@ def _release_shards(settings: Settings, batch_id: str) -> None:
         )
 
 
-def test_cancel_while_finalizing(client: openai.OpenAI, server: RunningServer) -> None:
+def test_cancel_while_finalizing_changes_nothing(
+    client: openai.OpenAI, server: RunningServer
+) -> None:
+    """Every request has its result once a batch is finalizing: a cancel answers 200 with the
+    batch as it is, and the batch completes with nothing counted as cancelled."""
     batch_id = _create(client)
     wait_for(client, batch_id, "in_progress")
     # A finalizer holds the batch (as if writing its files) when the cancel arrives.
     _set(server.settings, batch_id, lease_owner="finalizer", heartbeat_at=time.time())
     sim.run_batch(server.settings, batch_id)
     _set(server.settings, batch_id, status="finalizing", finalizing_at=int(time.time()))
-    cancelling = client.batches.cancel(batch_id)
-    assert cancelling.status == "cancelling" and cancelling.finalizing_at is not None
+    answered = client.batches.cancel(batch_id)
+    assert answered.status == "finalizing" and answered.cancelling_at is None
     # That finalizer dies; after the lease lapses housekeeping takes over.
-    cancelled = wait_for(client, batch_id, "cancelled", timeout=30)
-    output, errors = check_files_match_counts(client, cancelled)
+    _assert_completed_despite_the_cancel(client, batch_id)
+
+
+def test_a_cancel_after_every_request_ran_still_completes(
+    client: openai.OpenAI, server: RunningServer
+) -> None:
+    """The cancel reaches a batch whose last shard is done before its finalization starts:
+    accepted (`cancelling`), yet the batch completes, its finished lines not cancelled."""
+    batch_id = _create(client)
+    wait_for(client, batch_id, "in_progress")
+    _set(server.settings, batch_id, lease_owner="finalizer", heartbeat_at=time.time())
+    sim.run_batch(server.settings, batch_id)
+    assert client.batches.cancel(batch_id).status == "cancelling"
+    done = _assert_completed_despite_the_cancel(client, batch_id)
+    assert done.cancelling_at is not None and done.finalizing_at is not None
+
+
+def _assert_completed_despite_the_cancel(
+    client: openai.OpenAI, batch_id: str
+) -> openai.types.Batch:
+    done = wait_for(client, batch_id, "completed", "cancelled", timeout=30)
+    assert done.status == "completed" and done.cancelled_at is None
+    counts = done.request_counts
+    assert counts is not None and counts.completed + counts.failed == N
+    assert counts.model_extra == {"cancelled": 0, "expired": 0}
+    output, errors = check_files_match_counts(client, done)
     assert all(line["error"] is None for line in errors)  # every request had run
     assert len(output) + len(errors) == N
+    return done
 
 
 def test_cancel_terminal_batches_is_a_conflict(

@@ -87,6 +87,27 @@ def test_login_is_required_and_checked(server: RunningServer, sdk: openai.OpenAI
     assert browser.get("/dashboard").status_code == 303
 
 
+def test_the_cookie_is_secure_when_a_trusted_proxy_took_https(settings: Settings) -> None:
+    # The proxy connects from 127.0.0.2: not loopback's usual 127.0.0.1, which uvicorn
+    # trusts by default, so only the setting can make it believed.
+    proxied = settings.model_copy(
+        update={"admin_key": ADMIN_KEY, "forwarded_allow_ips": ["127.0.0.2"]}
+    )
+    with running_server(proxied) as server:
+
+        def cookie_flags(source: str, headers: dict[str, str]) -> set[str]:
+            transport = httpx.HTTPTransport(local_address=source)
+            with httpx.Client(base_url=server.url, transport=transport) as browser:
+                login = browser.post("/dashboard/login", data={"key": ADMIN_KEY}, headers=headers)
+            assert login.status_code == 303
+            return {flag.strip().lower() for flag in login.headers["set-cookie"].split(";")}
+
+        https = {"X-Forwarded-Proto": "https"}
+        assert "secure" in cookie_flags("127.0.0.2", https)
+        assert "secure" not in cookie_flags("127.0.0.2", {})  # plain HTTP all the way
+        assert "secure" not in cookie_flags("127.0.0.3", https)  # anyone else is not believed
+
+
 def test_user_strings_are_escaped(server: RunningServer, sdk: openai.OpenAI) -> None:
     batch_id = hostile_batch(sdk)
     sdk.post("/admin/api_keys", body={"project": "<svg onload=alert(3)>"}, cast_to=dict)

@@ -175,7 +175,7 @@ def test_sdk_sees_typed_errors(client: openai.OpenAI) -> None:
 def test_client_disconnect_leaves_nothing(server: RunningServer, settings: Settings) -> None:
     body = multipart(Part("purpose", b"batch"), Part("file", b"x" * 4_000_000, filename=b"a.jsonl"))
     head = (
-        f"POST /v1/files HTTP/1.1\r\nHost: test\r\nContent-Length: {len(body)}\r\n"
+        f"POST /v1/files HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {len(body)}\r\n"
         f"Content-Type: multipart/form-data; boundary={BOUNDARY}\r\n\r\n"
     )
     tmp = settings.storage_dir / ".tmp"

@@ -107,6 +107,16 @@ def test_the_api_is_replicated_behind_a_service_with_both_probes() -> None:
     assert config["OVERNIGHT_STORAGE_URL"].startswith("s3://"), "no shared volume: a bucket"
 
 
+def test_the_schema_is_migrated_before_the_api_starts() -> None:
+    """`overnight db upgrade` in an init container, with the API's image and settings: no
+    replica serves before the schema is at head (replicas starting together take turns)."""
+    api = by_kind("Deployment")["overnight-api"]
+    [migrate] = api["spec"]["template"]["spec"]["initContainers"]
+    assert migrate["command"] == ["overnight", "db", "upgrade"]
+    main = container(api)
+    assert (migrate["image"], migrate["envFrom"]) == (main["image"], main["envFrom"])
+
+
 def test_a_gpu_worker_deployment_per_model_that_outlasts_its_drain() -> None:
     workers = {n: d for n, d in by_kind("Deployment").items() if n.startswith("overnight-worker-")}
     served = {container(d)["command"][2] for d in workers.values()}

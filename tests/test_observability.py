@@ -6,6 +6,7 @@ import shutil
 import sys
 import time
 from collections.abc import Iterator
+from types import SimpleNamespace
 
 import httpx
 import openai
@@ -19,8 +20,10 @@ from app.db.models import Batch, File
 from app.db.session import session_scope
 from app.ids import new_batch_id
 from app.logging import JsonFormatter, access_log
+from app.services import online_usage
+from app.services.auth import ensure_project
 from tests import batch_sim
-from tests.harness import RunningServer
+from tests.harness import RunningServer, running_server
 from worker import registry
 from worker.engine import EngineStats
 
@@ -132,6 +135,38 @@ def test_metrics_follow_batches_and_workers(
     }
     assert "/v1/batches/{batch_id}" in routes
     assert not any(batch.id in (r or "") for r in routes)
+
+
+def test_metrics_name_no_batch_or_project_unless_asked(
+    http: httpx.Client, client: openai.OpenAI, settings: Settings
+) -> None:
+    f = client.files.create(file=("in.jsonl", batch_sim.requests_file(4)), purpose="batch")
+    batch = client.batches.create(
+        input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    wait_status(client, batch.id, "in_progress")
+    claim = batch_sim.claim_shard(settings, "metrics-worker", batch.id)
+    assert claim is not None
+    batch_sim.run_shard(settings, claim, limit=2)
+    used = SimpleNamespace(requests=1, input_tokens=10, cached_tokens=2, output_tokens=5)
+    with session_scope(settings) as session:
+        for name in ("team-alpha", "team-beta"):
+            project_id = ensure_project(session, name).id
+            online_usage.add(session, batch_sim.MODEL, {project_id: used})
+
+    exposition = http.get("/metrics").text
+    assert batch.id not in exposition and "team-" not in exposition
+    now = metrics(http)
+    model = ("model", batch_sim.MODEL)
+    assert now[("overnight_online_requests_total", (model,))] == 2  # summed over projects
+    assert now[("overnight_online_tokens_total", (("kind", "prompt"), model))] == 20
+    [rate] = [labels for (name, labels) in now if name == "overnight_batch_throughput"]
+    assert dict(rate) == {"model": batch_sim.MODEL, "unit": "tok/s"}
+
+    shown = settings.model_copy(update={"metrics_per_batch": True})
+    with running_server(shown) as server:
+        detailed = httpx.get(f"{server.url}/metrics", timeout=30).text
+    assert f'batch="{batch.id}"' in detailed and 'project="team-alpha"' in detailed
 
 
 @pytest.fixture

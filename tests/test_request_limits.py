@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from app.config import Settings
+from tests.forms import JSON_TYPE
 from tests.harness import RunningServer, running_server
 from tests.spec import assert_error
 
@@ -44,7 +45,7 @@ def test_a_json_body_past_the_limit_is_refused_while_it_streams(
 ) -> None:
     with _connect(limited) as sock:
         sock.sendall(
-            f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             "Transfer-Encoding: chunked\r\n\r\n".encode()
         )
         sent = 0
@@ -69,7 +70,7 @@ def test_a_json_body_past_the_limit_is_refused_while_it_streams(
 def test_a_declared_length_past_the_limit_is_refused_at_once(limited: RunningServer) -> None:
     with httpx.Client(base_url=limited.url) as http:
         big = b'{"project": "' + b"p" * LIMIT + b'"}'
-        error = assert_error(http.post("/v1/admin/api_keys", content=big), 413)
+        error = assert_error(http.post("/v1/admin/api_keys", content=big, headers=JSON_TYPE), 413)
         assert error["code"] == "request_too_large"
         assert error["message"] == (
             "The request body is 65.6 kB; the limit is 65.5 kB (OVERNIGHT_MAX_JSON_BODY_BYTES)."
@@ -81,7 +82,8 @@ def test_a_declared_length_past_the_limit_is_refused_at_once(limited: RunningSer
 def test_a_stalled_body_is_ended_and_its_connection_closed(limited: RunningServer) -> None:
     with _connect(limited) as sock:
         sock.sendall(
-            b"POST /v1/batches HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n" + b'{"a": '
+            b"POST /v1/batches HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 100\r\n\r\n" + b'{"a": '
         )
         started = time.monotonic()
         answer = _response(sock)

@@ -19,9 +19,11 @@ from botocore.exceptions import ClientError
 from pydantic import ValidationError
 
 from app.config import Settings
+from app.core.chunks import chunk_key
 from app.services.files import file_storage_key
+from app.services.uploads import part_storage_prefix
 from app.storage import LocalStorage, S3Storage, Storage, storage_for
-from app.storage.base import put
+from app.storage.base import KEY_FOLDERS, put
 from app.storage.s3 import PART_SIZE
 from tests.harness import running_server
 
@@ -221,6 +223,21 @@ def test_a_killed_writer_leaves_only_what_sweep_removes(storage: Storage) -> Non
     time.sleep(1.1)  # S3 reports an upload's start in whole seconds
     assert storage.sweep_temp(older_than_seconds=1) == 1
     assert leftovers(storage) == []
+
+
+def test_the_sweep_ends_only_overnights_own_uploads(s3_endpoint: str, s3_bucket: str) -> None:
+    # A bucket shared with other applications, overnight at its root (no prefix).
+    storage = S3Storage(s3_bucket, "", s3_endpoint)
+    ours = ["files/left-by-a-dead-writer", "uploads/upload_x/part_1", "batches/b/shards/1"]
+    theirs = ["backups/nightly.tar", "files-of-another-app/x", "other"]
+    for key in ours + theirs:
+        storage.client.create_multipart_upload(Bucket=s3_bucket, Key=key)
+    time.sleep(1.1)  # S3 reports an upload's start in whole seconds
+    assert storage.sweep_temp(older_than_seconds=1) == len(ours)
+    assert sorted(leftovers(storage)) == sorted(theirs)
+    # Every key overnight makes lies in a swept folder.
+    made = [file_storage_key("file-x"), part_storage_prefix("upload_x"), chunk_key("b", 0, 1, 2)]
+    assert all(key.startswith(KEY_FOLDERS) for key in made), made
 
 
 def test_storage_for_picks_the_backend(tmp_path: Path, s3_endpoint: str) -> None:

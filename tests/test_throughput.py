@@ -62,7 +62,8 @@ def test_not_started_is_zero() -> None:
 
 @pytest.fixture
 def server(settings: Settings) -> Iterator[RunningServer]:
-    with running_server(settings.model_copy(update={"admin_key": ADMIN_KEY})) as running:
+    shown = {"admin_key": ADMIN_KEY, "metrics_per_batch": True}  # /metrics names the batch
+    with running_server(settings.model_copy(update=shown)) as running:
         yield running
 
 

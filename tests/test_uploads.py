@@ -14,9 +14,11 @@ from app.db.models import Upload
 from app.db.session import session_scope
 from app.services.uploads import expire_uploads
 from app.storage import storage_for
-from tests.forms import Part, content_type, multipart
+from tests.forms import JSON_TYPE, Part, content_type, multipart
 from tests.harness import running_server
 from tests.spec import assert_error, assert_matches_schema
+
+CURL_KEY = "sk-uploads-curl"
 
 
 def payload(size: int) -> bytes:
@@ -147,7 +149,9 @@ def test_completion_rules(client: openai.OpenAI, http: httpx.Client, settings: S
     assert_error(complete([a.id, "part_nope"]), 400, param="part_ids", message="part_nope")
     assert_error(complete([a.id, foreign.id]), 400, param="part_ids", message=foreign.id)
     assert_error(complete([a.id, b.id], md5="0" * 32), 400, param="md5")
-    assert_error(http.post(f"/v1/uploads/{upload.id}/complete", content=b"{}"), 400)
+    assert_error(
+        http.post(f"/v1/uploads/{upload.id}/complete", content=b"{}", headers=JSON_TYPE), 400
+    )
 
     # Nothing was created by the failed attempts; the right md5 (hex or base64) completes it.
     assert client.files.list().data == []
@@ -228,7 +232,16 @@ def test_expiry(client: openai.OpenAI, http: httpx.Client, settings: Settings) -
     )
 
 
-def test_curl_forms(http: httpx.Client) -> None:
+def test_curl_forms(settings: Settings) -> None:
+    # With keys, as curl users call a deployment (open mode takes JSON as application/json
+    # only: a web page could send anything else, tests/test_browser_guard.py).
+    keyed = settings.model_copy(update={"admin_key": CURL_KEY})
+    bearer = {"Authorization": f"Bearer {CURL_KEY}"}
+    with running_server(keyed) as server, httpx.Client(base_url=server.url, headers=bearer) as http:
+        curl_forms(http)
+
+
+def curl_forms(http: httpx.Client) -> None:
     # curl -d '{...}' without a JSON content type: the body is JSON all the same.
     created = http.post(
         "/v1/uploads",
@@ -286,8 +299,8 @@ def test_create_rules(http: httpx.Client) -> None:
     assert_error(create(mime_type=None), 400, param="mime_type", message="Missing")
     assert_error(create(expires_after={"anchor": "created_at", "seconds": 60}), 400)
     assert_error(create(expires_after={"anchor": "last_active_at", "seconds": 3600}), 400)
-    assert_error(http.post("/v1/uploads", content=b"[1]"), 400)
-    assert_error(http.post("/v1/uploads", content=b"{nope"), 400)
+    assert_error(http.post("/v1/uploads", content=b"[1]", headers=JSON_TYPE), 400)
+    assert_error(http.post("/v1/uploads", content=b"{nope", headers=JSON_TYPE), 400)
 
 
 def test_part_size_limit(settings: Settings) -> None:

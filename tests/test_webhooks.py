@@ -315,6 +315,19 @@ def test_private_targets_are_refused_at_delivery_too(url: str) -> None:
     assert pin(url, allow_private=True).url.startswith("http://")
 
 
+def test_an_ipv4_address_inside_ipv6_is_judged_as_itself() -> None:
+    for private in (
+        "64:ff9b::a9fe:a9fe",  # NAT64 of 169.254.169.254, the cloud metadata service
+        "2002:a9fe:a9fe::1",  # 6to4 of the same
+        "2002:a00:1::1",  # 6to4 of 10.0.0.1
+        "64:ff9b:1::a00:1",  # a network's own NAT64 (RFC 8215)
+    ):
+        with pytest.raises(TargetRefused, match="loopback or private"):
+            pin(f"http://[{private}]/latest", allow_private=False)
+    for public in ("64:ff9b::808:808", "2002:808:808::1", "::ffff:8.8.8.8"):
+        assert pin(f"https://[{public}]/hook", allow_private=False).host == public
+
+
 def test_a_pinned_target_keeps_its_host_for_the_header() -> None:
     target = pin("https://93.184.216.34:8443/a?b=1", allow_private=False)
     assert (target.url, target.host_header) == (

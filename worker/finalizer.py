@@ -4,7 +4,8 @@ Workers run it when their shards end; the API's housekeeping loop runs it too, f
 no worker will touch again (cancelled or expired with no live shard). A batch is ready when
 
 - `in_progress` and every shard is `done` → `finalizing` → `completed`;
-- `cancelling` and no shard is held by a live worker → `cancelled`;
+- `cancelling` and no shard is held by a live worker → `cancelled`, unless every shard is
+  `done`: every request has its result then, so the cancel came too late and it completes;
 - `in_progress` (or still `validating`) past `expires_at`, no live shard lease → `expired`;
 - `finalizing` but its finalizer stopped renewing the batch lease → picked up again.
 
@@ -132,7 +133,7 @@ def _claim(settings: Settings, batch_id: str, epoch: int, owner: str) -> Finaliz
             session.scalars(select(Shard).where(Shard.batch_id == batch_id).order_by(Shard.index))
         )
         ending = _ending(batch, shards)
-        if ending is Ending.COMPLETE and batch.status == BatchStatus.IN_PROGRESS:
+        if ending is Ending.COMPLETE and batch.status != BatchStatus.FINALIZING:
             batch.status = BatchStatus.FINALIZING
             batch.finalizing_at = int(time.time())
         input_key = session.scalar(select(File.storage_key).where(File.id == batch.input_file_id))
@@ -148,14 +149,13 @@ def _claim(settings: Settings, batch_id: str, epoch: int, owner: str) -> Finaliz
 
 
 def _ending(batch: Batch, shards: list[Shard]) -> Ending:
-    if batch.status == BatchStatus.CANCELLING:
-        return Ending.CANCEL
-    if batch.status == BatchStatus.FINALIZING:
-        return Ending.COMPLETE
-    if batch.status == BatchStatus.IN_PROGRESS and all(
-        s.status == ShardStatus.DONE for s in shards
+    """Complete once every shard is done (each line has its result), whatever else happened."""
+    if batch.status == BatchStatus.FINALIZING or (
+        shards and all(s.status == ShardStatus.DONE for s in shards)
     ):
         return Ending.COMPLETE
+    if batch.status == BatchStatus.CANCELLING:
+        return Ending.CANCEL
     return Ending.EXPIRE
 
 
@@ -327,6 +327,15 @@ def _record(
     return True
 
 
+# Decided when the finalization was claimed: a cancel arriving later cannot make a batch
+# whose every request had its result (finalizing) `cancelled`.
+_FINAL_STATUS = {
+    Ending.COMPLETE: BatchStatus.COMPLETED,
+    Ending.CANCEL: BatchStatus.CANCELLED,
+    Ending.EXPIRE: BatchStatus.EXPIRED,
+}
+
+
 def _finish(
     session: Session,
     batch: Batch,
@@ -341,15 +350,7 @@ def _finish(
     batch.error_file_id = files["error"].id if "error" in files else None
     for name, value in tally.values().items():
         setattr(batch, name, value)
-    status = _final_status(batch, ending)
+    status = _FINAL_STATUS[ending]
     batch.cancelled = unrun if status == BatchStatus.CANCELLED else 0
     batch.expired = unrun if status == BatchStatus.EXPIRED else 0
     end_batch(session, batch, status, now)
-
-
-def _final_status(batch: Batch, ending: Ending) -> BatchStatus:
-    if ending is Ending.EXPIRE:
-        return BatchStatus.EXPIRED
-    if batch.status == BatchStatus.CANCELLING:
-        return BatchStatus.CANCELLED
-    return BatchStatus.COMPLETED

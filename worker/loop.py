@@ -8,8 +8,10 @@ announces (a lapsed lease) and for PostgreSQL. Two side tasks are supervised: th
 own heartbeat (the `workers` row) and the finalizer trigger. A database outage never stops
 the worker: a shard whose lease cannot be renewed is let go (worker/shard.py), the heartbeat
 probes the database with backoff while the health says `waiting_for_database`, and claiming
-resumes when it answers; only a dead engine stops the process. SIGTERM stops claiming, lets
-in-flight requests finish for a short while, checkpoints and releases every lease.
+resumes when it answers. Only a dead engine, or a database call failing for another reason
+than an outage (a bug: logged with its traceback), stops the process. SIGTERM stops
+claiming, lets in-flight requests finish for a short while, checkpoints and releases every
+lease.
 """
 
 import asyncio
@@ -32,7 +34,7 @@ from worker.backoff import BackoffPolicy, follow_online_traffic
 from worker.engine import Engine, EngineDeadError
 from worker.finalizer import finalize_ready_batches
 from worker.health import Health, WorkerState
-from worker.outage import backoff, first_line, until_database
+from worker.outage import backoff, database_down, first_line, until_database
 from worker.scheduler import Job, Scheduler
 from worker.shard import RunOptions, ShardRun
 
@@ -222,8 +224,7 @@ class Worker:
         try:
             lease = await asyncio.to_thread(self._take_shard)
         except Exception as exc:
-            # The heartbeat task probes the database until it answers, then claiming resumes.
-            self._database_failed(exc)
+            self._database_failed(exc, "claiming a shard")
             return False
         self._paced(found=lease is not None)
         if lease is None:
@@ -299,15 +300,22 @@ class Worker:
                     self.engine.stats(),
                 )
             except Exception as exc:
-                self._database_failed(exc)
+                self._database_failed(exc, "the worker's heartbeat")
                 continue
             retries = backoff(cap=interval)
             if self.health.state is WorkerState.WAITING_FOR_DATABASE:
                 self.health.set(WorkerState.READY, "the database answers again")
                 self._changed.set()
 
-    def _database_failed(self, error: BaseException) -> None:
-        if self.health.state is WorkerState.READY:
+    def _database_failed(self, error: Exception, during: str) -> None:
+        """An outage is waited out: the heartbeat probes the database until it answers, then
+        claiming resumes. Anything else is a bug that waiting never ends: the worker stops
+        (exit 1, so that its supervisor restarts it), its traceback logged."""
+        if not database_down(error):
+            log.error("%s failed: stopping the worker", during, exc_info=error)
+            self._fatal = self._fatal or error
+            self._changed.set()
+        elif self.health.state is WorkerState.READY:
             self.health.set(WorkerState.WAITING_FOR_DATABASE, first_line(error))
 
     async def _finalizer(self) -> None:

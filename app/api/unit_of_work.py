@@ -3,7 +3,8 @@
 Routes never hold a `Session`. They call `await uow.run(service_fn, …)`: the service runs on
 a worker thread inside one transaction, committed when it returns and rolled back if it
 raises. Services take that `Session` and never begin, commit or roll back themselves. Work on
-bytes (streaming an upload, joining parts) runs between two `run`s, with no transaction open.
+bytes (streaming an upload, joining parts) runs between two `run`s, with no transaction open;
+the `run` that records bytes is `run_or_undo`, which removes them unless it committed.
 
 The session is opened with `autobegin=False`, so a query outside `run` fails at once instead
 of holding a transaction (and, on SQLite, the write lock) by accident.
@@ -42,21 +43,55 @@ class UnitOfWork:
         On SQLite a writing request's transaction holds the write lock from its start
         (`BEGIN IMMEDIATE`); a `GET` or `HEAD` reads in a deferred one that takes no lock.
         """
+        return await _outcome(self._start(fn, *args, **kwargs))
 
+    async def run_or_undo(
+        self,
+        undo: Callable[[], object],
+        fn: Callable[Concatenate[Session, P], T],
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> T:
+        """`run`, then `undo()` unless the transaction committed, however the request ends.
+
+        For bytes written before the transaction that records them: bytes no row names go,
+        but a request cancelled (its client gone) after the commit keeps them, for the row
+        that names them is visible.
+        """
+        done = self._start(fn, *args, **kwargs)
+        try:
+            return await _outcome(done)
+        except BaseException:
+            if _rolled_back(done):
+                undo()
+            raise
+
+    def _start(
+        self, fn: Callable[Concatenate[Session, P], T], *args: P.args, **kwargs: P.kwargs
+    ) -> "asyncio.Future[T]":
         def transaction() -> T:
             with self._session.begin():
                 return fn(self._session, *args, **kwargs)
 
         # The caller's context (its request id) goes along to the thread.
         context = contextvars.copy_context()
-        done = asyncio.get_running_loop().run_in_executor(_THREADS, context.run, transaction)
-        try:
-            return await asyncio.shield(done)
-        except asyncio.CancelledError:
-            # The transaction cannot be stopped halfway: its session stays the thread's
-            # until it ends, and the caller (which closes the session) is cancelled then.
-            await _ended(done)
-            raise
+        return asyncio.get_running_loop().run_in_executor(_THREADS, context.run, transaction)
+
+
+async def _outcome(done: "asyncio.Future[T]") -> T:
+    try:
+        return await asyncio.shield(done)
+    except asyncio.CancelledError:
+        # The transaction cannot be stopped halfway: its session stays the thread's until it
+        # ends, and the caller (which closes the session) is cancelled then.
+        await _ended(done)
+        raise
+
+
+def _rolled_back(done: "asyncio.Future[Any]") -> bool:
+    """Whether the transaction ended without committing (never run, or raised); one still
+    running may yet commit."""
+    return done.done() and (done.cancelled() or done.exception() is not None)
 
 
 async def _ended(future: "asyncio.Future[Any]") -> None:

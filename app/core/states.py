@@ -22,10 +22,11 @@ TERMINAL_BATCH_STATUSES = (
     BatchStatus.EXPIRED,
     BatchStatus.CANCELLED,
 )
+# Not `finalizing`: every request has its result by then, so the batch completes whatever a
+# cancel says (a cancel answers 200 and changes nothing).
 CANCELLABLE_BATCH_STATUSES = (
     BatchStatus.VALIDATING,
     BatchStatus.IN_PROGRESS,
-    BatchStatus.FINALIZING,
 )
 # Statuses the batch-level steps (validation, finalization) claim batches in.
 CLAIMABLE_BATCH_STATUSES = (

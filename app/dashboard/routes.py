@@ -3,7 +3,6 @@
 Every read and write goes through a service in a `uow.run` (one committed transaction).
 """
 
-import asyncio
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import quote
@@ -118,6 +117,8 @@ def _set_login_cookie(response: Response, request: Request, key: str) -> None:
         key,
         httponly=True,
         samesite="strict",
+        # The original request's: uvicorn takes X-Forwarded-Proto from trusted proxies
+        # (OVERNIGHT_FORWARDED_ALLOW_IPS).
         secure=request.url.scheme == "https",
         path=COOKIE_PATH,
     )
@@ -450,7 +451,7 @@ async def change_webhook(
         test = await uow.run(
             webhook_delivery.prepare_test, None, endpoint_id, WebhookEventType.BATCH_COMPLETED
         )
-        attempt = await asyncio.to_thread(webhook_delivery.send, settings, test.due)
+        attempt = await webhook_delivery.send_test(settings, test)
         await uow.run(webhook_delivery.record_test, test, attempt)
         outcome = f"HTTP {attempt.status_code}" if attempt.status_code else attempt.error
         return {"id": endpoint_id, "message": f"Test event sent: {outcome}."}

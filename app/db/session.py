@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 import migrations
 from app.config import Settings
+from app.db.migration_lock import migration_lock
 
 READ_ONLY = "overnight_read_only"
 # Threads the API's request transactions run on (app/api/unit_of_work.py), and the
@@ -108,6 +109,10 @@ def alembic_config(url: str) -> Config:
 
 
 def upgrade(url: str) -> None:
-    """Bring the database schema to the newest migration."""
-    engine_for(url)  # creates the SQLite folder
-    command.upgrade(alembic_config(url), "head")
+    """Bring the database schema to the newest migration, one process at a time: those that
+    wait find it at head (`migration_lock`)."""
+    engine = engine_for(url)  # creates the SQLite folder
+    config = alembic_config(url)
+    with migration_lock(engine) as connection:
+        config.attributes["connection"] = connection  # PostgreSQL's: it holds the lock
+        command.upgrade(config, "head")

@@ -103,6 +103,12 @@ class Access:
     def at_startup(cls, session: Session, settings: Settings) -> "Access":
         return cls(started_open=not keys_configured(session, settings))
 
+    @property
+    def seen_open(self) -> bool:
+        """Whether the API was open when last asked, without a query: it may still say
+        open for a while after a key appeared elsewhere, never the other way round."""
+        return self._open
+
     def is_open(self, session: Session, settings: Settings) -> bool:
         if self._open and keys_configured(session, settings):
             self._open = False

@@ -132,7 +132,10 @@ def list_batches(
 
 
 def cancel_batch(session: Session, project_id: str, batch_id: str) -> BatchObject:
-    """`cancelling` now; the finalizer (housekeeping or a worker) ends it `cancelled`."""
+    """`cancelling` now; the finalizer (housekeeping or a worker) ends it `cancelled`.
+
+    A batch already `finalizing` (or cancelling, or cancelled) is answered as it is; a
+    finished one is a 409."""
     session.execute(
         update(Batch)
         .where(

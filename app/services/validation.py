@@ -298,12 +298,20 @@ class InputFile:
 
 
 def claim_next(settings: Settings, owner: str) -> tuple[BatchLease, InputFile | None] | None:
-    """Takes the lease of the oldest `validating` batch nobody is validating."""
+    """Takes the lease of the oldest `validating` batch nobody is validating.
+
+    Not one past its `expires_at`: the finalizer expires it as it is, with no request counted
+    and no file (validating it now would only turn each line into a `batch_expired` one).
+    """
     now = time.time()
     with session_scope(settings) as session:
         rows = session.execute(
             select(Batch.id, Batch.lease_epoch)
-            .where(Batch.status == BatchStatus.VALIDATING, batch_lease.lease_is_free(settings, now))
+            .where(
+                Batch.status == BatchStatus.VALIDATING,
+                Batch.expires_at > int(now),
+                batch_lease.lease_is_free(settings, now),
+            )
             .order_by(Batch.seq)
             .limit(8)
             .with_for_update(skip_locked=True)

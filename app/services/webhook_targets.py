@@ -15,6 +15,10 @@ from urllib.parse import SplitResult, urlsplit
 from app.errors import OpenAIError
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+# The well-known NAT64 prefix (RFC 6052), the IPv4 address in its last 32 bits, and the
+# prefix set aside for a network's own translators (RFC 8215).
+NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+NAT64_LOCAL = ipaddress.IPv6Network("64:ff9b:1::/48")
 
 
 class TargetRefused(Exception):
@@ -37,7 +41,7 @@ def pin(url: str, allow_private: bool) -> Target:
     addresses = _resolve(host, parts.port or (443 if parts.scheme == "https" else 80))
     if not allow_private:
         for address in addresses:
-            if not address.is_global:
+            if not is_public(address):
                 raise TargetRefused(
                     f"{host} resolves to {address}, a loopback or private address; such "
                     "targets need OVERNIGHT_WEBHOOK_ALLOW_PRIVATE=1 on the server."
@@ -47,6 +51,24 @@ def pin(url: str, allow_private: bool) -> Target:
     netloc = literal if parts.port is None else f"{literal}:{parts.port}"
     host_header = host if parts.port is None else f"{host}:{parts.port}"
     return Target(parts._replace(netloc=netloc).geturl(), host, host_header)
+
+
+def is_public(address: IPAddress) -> bool:
+    """Whether `address` is on the public internet. An IPv6 address that carries an IPv4
+    one (NAT64, 6to4, IPv4-mapped) reaches that IPv4 address, so that one is judged."""
+    if isinstance(address, ipaddress.IPv6Address):
+        if address in NAT64_LOCAL:
+            return False  # a network's own translator: where it leads cannot be told
+        inner = _embedded_ipv4(address)
+        if inner is not None:
+            return inner.is_global
+    return address.is_global
+
+
+def _embedded_ipv4(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    if address in NAT64:
+        return ipaddress.IPv4Address(int(address) & 0xFFFF_FFFF)
+    return address.ipv4_mapped or address.sixtofour
 
 
 def check_url(url: str, allow_private: bool) -> str:

@@ -7,12 +7,16 @@ commits the whole object at once or nothing.
 import hashlib
 import re
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import urlsplit
 
+from app.core.redaction import masked_url
+
 READ_CHUNK = 1 << 20
+# The folders overnight keeps its objects in (files, upload parts, batch results, readiness
+# probes): a bucket may hold other applications' objects too, so sweeps look only here.
+KEY_FOLDERS = ("batches/", "files/", "health/", "uploads/")
 
 _SAFE_KEY = re.compile(r"^[A-Za-z0-9_\-][A-Za-z0-9_.\-/]*$")
 
@@ -33,7 +37,9 @@ def parse_s3_url(url: str) -> tuple[str, str]:
     """`s3://bucket/some/prefix` → (`bucket`, `some/prefix/`); `ValueError` if malformed."""
     parts = urlsplit(url)
     if parts.scheme != "s3" or not parts.netloc or parts.query or parts.fragment:
-        raise ValueError(f"storage URL must look like s3://bucket/optional/prefix, not {url!r}")
+        raise ValueError(
+            f"storage URL must look like s3://bucket/optional/prefix, not {masked_url(url)!r}"
+        )
     prefix = parts.path.strip("/")
     return parts.netloc, (check_key(prefix) + "/" if prefix else "")
 
@@ -104,13 +110,3 @@ def put(storage: Storage, key: str, chunks: Iterable[bytes]) -> StoredObject:
         writer.abort()
         raise
     return writer.commit()
-
-
-@contextmanager
-def deleted_on_error(storage: Storage, key: str) -> Iterator[None]:
-    """Deletes the object at `key` if the block raises: bytes nobody recorded are not kept."""
-    try:
-        yield
-    except BaseException:
-        storage.delete(key)
-        raise

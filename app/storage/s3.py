@@ -14,6 +14,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from app.storage.base import (
+    KEY_FOLDERS,
     READ_CHUNK,
     HashingCounter,
     StorageFull,
@@ -24,7 +25,7 @@ from app.storage.base import (
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
-    from mypy_boto3_s3.type_defs import CompletedPartTypeDef
+    from mypy_boto3_s3.type_defs import CompletedPartTypeDef, MultipartUploadTypeDef
 
 # S3 needs every part but the last to be at least 5 MiB; one part is all a writer buffers.
 PART_SIZE = 8 << 20
@@ -218,19 +219,22 @@ class S3Storage:
         self.client.delete_object(Bucket=self.bucket, Key=self.name(key))
 
     def sweep_temp(self, older_than_seconds: float) -> int:
-        """Abort the multipart uploads under this prefix that a dead writer left open."""
+        """Abort the multipart uploads that a dead writer left open in overnight's folders
+        (another application's, in the same bucket or prefix, are not ours to end)."""
         cutoff = time.time() - older_than_seconds
-        pages = self.client.get_paginator("list_multipart_uploads").paginate(
-            Bucket=self.bucket, Prefix=self.prefix
-        )
         aborted = 0
-        for page in pages:
-            for upload in page.get("Uploads", []):
-                if upload["Initiated"].timestamp() >= cutoff:
-                    continue
-                with contextlib.suppress(ClientError):  # another sweeper got there first
-                    self.client.abort_multipart_upload(
-                        Bucket=self.bucket, Key=upload["Key"], UploadId=upload["UploadId"]
-                    )
-                    aborted += 1
+        for upload in self._open_uploads():
+            if upload["Initiated"].timestamp() >= cutoff:
+                continue
+            with contextlib.suppress(ClientError):  # another sweeper got there first
+                self.client.abort_multipart_upload(
+                    Bucket=self.bucket, Key=upload["Key"], UploadId=upload["UploadId"]
+                )
+                aborted += 1
         return aborted
+
+    def _open_uploads(self) -> "Iterator[MultipartUploadTypeDef]":
+        paginator = self.client.get_paginator("list_multipart_uploads")
+        for folder in KEY_FOLDERS:
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=self.prefix + folder):
+                yield from page.get("Uploads", [])

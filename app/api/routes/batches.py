@@ -4,6 +4,7 @@ Each `uow.run` is one committed transaction.
 """
 
 import asyncio
+from functools import partial
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
@@ -18,7 +19,6 @@ from app.schemas.common import ListObject
 from app.services import batch_retry, batches, schedule
 from app.services.housekeeping import FINALIZATION, VALIDATION, wake
 from app.storage import Storage
-from app.storage.base import deleted_on_error
 
 router = APIRouter(tags=["batches"])
 
@@ -106,7 +106,12 @@ async def run_retry(
     """The retry's three steps (the API's and the dashboard's): plan, write the input, create."""
     plan = await uow.run(batch_retry.plan_retry, project_id, batch_id)
     written = await asyncio.to_thread(batch_retry.write_retry_input, storage, plan, include_all)
-    with deleted_on_error(storage, written.stored.key):
-        batch = await uow.run(batch_retry.create_retry, settings, plan, written)
+    batch = await uow.run_or_undo(
+        partial(storage.delete, written.stored.key),
+        batch_retry.create_retry,
+        settings,
+        plan,
+        written,
+    )
     wake(settings, VALIDATION)
     return batch

@@ -1,5 +1,7 @@
 """`/v1/files`: OpenAI's Files API. Each `uow.run` is one committed transaction."""
 
+from functools import partial
+
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
@@ -14,7 +16,6 @@ from app.api.multipart import (
 from app.schemas.common import ListObject, Order
 from app.schemas.files import UPLOAD_PURPOSES, FileDeleted, FileObject
 from app.services import file_expiry, file_intake, files
-from app.storage.base import deleted_on_error
 
 router = APIRouter(tags=["files"])
 
@@ -53,10 +54,13 @@ async def create_file(
         intake.abort()
         raise
     received = await run_in_threadpool(file_intake.receive, settings, intake, fields)
-    with deleted_on_error(storage, received.stored.key):
-        return await uow.run(
-            file_intake.register_received, settings, principal.project_id, received
-        )
+    return await uow.run_or_undo(
+        partial(storage.delete, received.stored.key),
+        file_intake.register_received,
+        settings,
+        principal.project_id,
+        received,
+    )
 
 
 @router.get("/files")

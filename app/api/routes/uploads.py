@@ -3,6 +3,8 @@
 Each `uow.run` is one committed transaction; bytes move between them, with none open.
 """
 
+from functools import partial
+
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
@@ -15,7 +17,6 @@ from app.api.multipart import (
 )
 from app.schemas.uploads import UploadComplete, UploadCreate, UploadObject, UploadPartObject
 from app.services import uploads
-from app.storage.base import deleted_on_error
 
 router = APIRouter(tags=["uploads"])
 
@@ -54,8 +55,13 @@ async def add_upload_part(
         intake.sink.abort()
         raise
     stored = await run_in_threadpool(uploads.store_part, intake)
-    with deleted_on_error(storage, stored.key):
-        return await uow.run(uploads.record_part, principal.project_id, intake, stored)
+    return await uow.run_or_undo(
+        partial(storage.delete, stored.key),
+        uploads.record_part,
+        principal.project_id,
+        intake,
+        stored,
+    )
 
 
 @router.post("/uploads/{upload_id}/complete", openapi_extra=json_body_openapi(UploadComplete))
@@ -71,8 +77,14 @@ async def complete_upload(
     project_id = principal.project_id
     keys = await uow.run(uploads.parts_to_join, project_id, upload_id, body)
     joined = await run_in_threadpool(uploads.join_parts, storage, keys, body.md5)
-    with deleted_on_error(storage, joined[1].key):
-        upload = await uow.run(uploads.record_completion, settings, project_id, upload_id, joined)
+    upload = await uow.run_or_undo(
+        partial(storage.delete, joined[1].key),
+        uploads.record_completion,
+        settings,
+        project_id,
+        upload_id,
+        joined,
+    )
     await run_in_threadpool(uploads.delete_parts, storage, upload_id)
     return upload
 
