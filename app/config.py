@@ -105,6 +105,13 @@ class Settings(BaseSettings):
     enqueued_token_limits: dict[str, int] = {}
     enqueued_request_limit: int | None = None
     enqueued_request_limits: dict[str, int] = {}
+    # Per-project quotas (`app.services.quotas`): the bytes a project's files and open uploads'
+    # parts take up, the files it holds, its open uploads, its unfinished batches. None: no
+    # limit. The default a project's own quotas replace (`overnight projects quota`).
+    project_max_stored_bytes: int | None = Field(default=None, ge=0)
+    project_max_files: int | None = Field(default=None, ge=0)
+    project_max_open_uploads: int | None = Field(default=None, ge=0)
+    project_max_unfinished_batches: int | None = Field(default=None, ge=0)
     models: list[ServedModel] = Field(default_factory=lambda: list(DEFAULT_MODELS))
 
     lease_seconds: float = 30.0
@@ -127,6 +134,12 @@ class Settings(BaseSettings):
     worker_checkpoint_seconds: float = 0.5
     worker_poll_seconds: float = 0.25
     worker_drain_seconds: float = 10.0
+    # Media URLs in request bodies (`image_url`, `audio_url`, `video_url`, `file_url`), which
+    # workers fetch: only from these hosts ("*": any host), and never from a loopback,
+    # private or link-local address unless allowed (a tenant must not make a worker probe its
+    # network). Empty: no remote media; `data:` URLs carry their bytes and always work.
+    allowed_media_domains: list[str] = []
+    media_allow_private: bool = False
     # Webhooks: targets on loopback or private networks are refused unless allowed (a tenant
     # must not make the server probe its own network); one attempt's deadline, all of it
     # (the host's lookup, connecting, sending, the answer's head and at most 64 KiB of its

@@ -127,6 +127,13 @@ def reference(smollm2: Path, models_data_dir: Path) -> Iterator[Callable[[], lis
         yield answers
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Files with real-engine tests run first: they take longest, and one handed out last
+    would finish the run alone (each test process takes whole files)."""
+    engine_files = {item.path for item in items if item.get_closest_marker("engine")}
+    items.sort(key=lambda item: item.path not in engine_files)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

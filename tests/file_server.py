@@ -1,4 +1,5 @@
-"""A local HTTP file server for tests: GET what `Files.served` holds, PUT into `Files.received`."""
+"""A local HTTP file server for tests: GET what `Files.served` holds (or a redirect from
+`Files.redirects`), PUT into `Files.received`; every GET's path is kept in `Files.requested`."""
 
 import http.server
 import threading
@@ -8,12 +9,20 @@ from typing import Any, ClassVar
 
 
 class Files(http.server.BaseHTTPRequestHandler):
-    """GET serves `served`; PUT stores the body in `received`."""
+    """GET serves `served` or redirects by `redirects`; PUT stores the body in `received`."""
 
     served: ClassVar[dict[str, bytes]] = {}
     received: ClassVar[dict[str, bytes]] = {}
+    redirects: ClassVar[dict[str, str]] = {}  # path -> the URL it redirects to (302)
+    requested: ClassVar[list[str]] = []
 
     def do_GET(self) -> None:
+        self.requested.append(self.path)
+        if (location := self.redirects.get(self.path)) is not None:
+            self.send_response(302)
+            self.send_header("Location", location)
+            self.end_headers()
+            return
         body = self.served.get(self.path)
         self.send_response(200 if body is not None else 404)
         self.end_headers()

@@ -254,6 +254,36 @@ def test_keys_page_sets_a_projects_enqueued_limits(
     assert line not in browser.get("/dashboard/keys").text
 
 
+def test_keys_page_sets_a_projects_quotas(server: RunningServer, sdk: openai.OpenAI) -> None:
+    browser = logged_in(server)
+    sdk.post("/admin/api_keys", body={"project": "team-q"}, cast_to=dict)
+    project_id = sdk.get("/admin/projects/team-q/quotas", cast_to=dict)["project_id"]
+    url = f"/dashboard/api/projects/{project_id}/quotas"
+    form = {
+        "max_stored_bytes": "1000000",
+        "max_files": "",
+        "max_open_uploads": "3",
+        "max_unfinished_batches": "",
+    }
+    assert browser.post(url, json=form).status_code == 403  # no dashboard header
+    made = browser.post(url, json=form, headers=ACTION)
+    lines = [
+        "stored bytes: 0 of 1,000,000 (own)",
+        "files: 0 of unlimited (default)",
+        "open uploads: 0 of 3 (own)",
+        "unfinished batches: 0 of unlimited (default)",
+    ]
+    assert made.status_code == 200 and made.json() == {"id": project_id, "quotas": lines}
+    found = sdk.get("/admin/projects/team-q/quotas", cast_to=dict)
+    assert found["stored_bytes"] == {"used": 0, "limit": 1_000_000, "override": 1_000_000}
+    page = browser.get("/dashboard/keys").text
+    assert lines[0] in page and f'action="{url}"' in page and 'value="1000000"' in page
+    bad = browser.post(url, json={**form, "max_files": "-5"}, headers=ACTION)
+    assert bad.status_code == 400 and "max_files" in bad.json()["error"]["message"]
+    cleared = browser.post(url, json=dict.fromkeys(form, ""), headers=ACTION)
+    assert cleared.json()["quotas"][0] == "stored bytes: 0 of unlimited (default)"
+
+
 def test_open_mode_needs_no_login(settings: Settings) -> None:
     with running_server(settings) as server:
         http = httpx.Client(base_url=server.url, timeout=30)

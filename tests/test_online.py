@@ -38,6 +38,7 @@ from tests.engine_fixtures import (
     wait_completed,
     wait_status,
 )
+from tests.file_server import Files
 from tests.harness import free_port
 from tests.reference_llm import REFERENCE_CHATS
 from worker.online import USAGE_FLUSH_SECONDS
@@ -250,6 +251,41 @@ def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.05)
+
+
+def test_members_reach_inference_routes_only_and_no_private_media(
+    online: Online, file_server: str
+) -> None:
+    member = {"Authorization": f"Bearer {online.keys['alpha']}"}
+    admin = {"Authorization": f"Bearer {online.keys['default']}"}
+    # vLLM's engine operations and routes on other callers' objects exist for no key.
+    operations = ["/scale_elastic_ep", "/is_scaling_elastic_ep", "/inference/v1/abort_requests"]
+    for path in [*operations, "/v1/chat/completions/render", "/invocations"]:
+        for headers in (member, admin):
+            answer = httpx.post(f"{online.url}{path}", json={}, headers=headers, timeout=30)
+            assert answer.status_code == 404, (path, answer.text)
+            assert answer.json()["error"]["message"] == f"Invalid URL (POST {path})"
+    for path in ("/v1/responses/resp_0", "/metrics", "/version", "/load", "/docs"):
+        assert httpx.get(f"{online.url}{path}", headers=member).status_code == 404, path
+    tokens = httpx.post(
+        f"{online.url}/tokenize", json={"model": MODEL, "prompt": "1, 2"}, headers=member
+    )
+    assert tokens.status_code == 200 and tokens.json()["tokens"]
+    # A media URL the deployment does not allow (it allows none) is refused, never fetched.
+    Files.served["/online.png"] = b"not an image"
+    parts = [
+        {"type": "text", "text": "What is in it?"},
+        {"type": "image_url", "image_url": {"url": f"{file_server}/online.png"}},
+    ]
+    looking = chat_body({"messages": [{"role": "user", "content": parts}]}, max_tokens=4)
+    refused = online.post("/v1/chat/completions", looking, project="alpha")
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert (error["code"], error["param"]) == (
+        "media_url_not_allowed",
+        "messages[0].content[1].image_url",
+    )
+    assert "/online.png" not in Files.requested
 
 
 def test_sigkill_with_online_and_batch_traffic_loses_nothing(online: Online, smollm2: Path) -> None:

@@ -4,7 +4,9 @@ Every ```bash and ```python block of the "Quick start" section runs in order in 
 directory (with `.venv` linked in, as in a checkout). The one change: the service listens
 on a free port (OVERNIGHT_PORT), so `127.0.0.1:8000` in the blocks is replaced by it.
 Afterwards the same `overnight serve` shows that a killed worker is replaced, its engine
-processes with it, and that Ctrl-C stops everything.
+processes with it, and that Ctrl-C stops everything. The data directory starts with the
+bundled SmolLM2 already converted (the run's shared copy: `models_data_dir` converts it
+with the same `ensure_converted`), so the run converts it once, not once more here.
 """
 
 import os
@@ -66,9 +68,11 @@ def _wait(what: str, served: Served, condition: object, timeout: float = START_T
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+def served(models_data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     workdir = tmp_path_factory.mktemp("readme")
     (workdir / ".venv").symlink_to(REPO / ".venv")
+    (workdir / "data").mkdir()
+    (workdir / "data" / "models").symlink_to(models_data_dir / "models")
     port = free_port()
     env = {
         key: value

@@ -2,11 +2,15 @@
 
 import asyncio
 import hashlib
+import socket
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from select import select as ready_to_read
 
 import httpx
 import openai
+import pytest
 from sqlalchemy import select
 
 from app.config import Settings
@@ -14,8 +18,8 @@ from app.db.models import Upload
 from app.db.session import session_scope
 from app.services.uploads import expire_uploads
 from app.storage import storage_for
-from tests.forms import JSON_TYPE, Part, content_type, multipart
-from tests.harness import running_server
+from tests.forms import BOUNDARY, JSON_TYPE, Part, content_type, multipart
+from tests.harness import RunningServer, running_server
 from tests.spec import assert_error, assert_matches_schema
 
 CURL_KEY = "sk-uploads-curl"
@@ -355,3 +359,121 @@ def test_an_upload_past_the_limit_says_so_in_human_units(http: httpx.Client) -> 
     other = {**declared, "filename": "big.bin", "mime_type": "application/octet-stream"}
     huge = http.post("/v1/uploads", json={**other, "purpose": "user_data", "bytes": 9 * 10**9})
     assert_error(huge, 400, message="is 9 GB; the limit is 8 GB (OVERNIGHT_MAX_UPLOAD_BYTES).")
+
+
+# -- a part past the upload's declared bytes --
+
+
+def test_a_part_past_the_declared_bytes_is_refused(
+    client: openai.OpenAI, http: httpx.Client, settings: Settings
+) -> None:
+    upload = client.uploads.create(
+        bytes=10, filename="s.jsonl", mime_type="application/jsonl", purpose="batch"
+    )
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.uploads.parts.create(upload_id=upload.id, data=b"x" * (1 << 20))
+    assert refused.value.code == "upload_bytes_exceeded" and refused.value.param == "data"
+    assert refused.value.body == {
+        "message": f"The part would take upload {upload.id} past the bytes it was created "
+        "with: bytes=10, its parts so far hold 0, so 10 more fit; this part has more than "
+        "10 bytes.",
+        "type": "invalid_request_error",
+        "param": "data",
+        "code": "upload_bytes_exceeded",
+    }
+    assert part_keys(settings, upload.id) == []
+
+    # Parts that fit are taken; the next one is measured against what they left.
+    first = client.uploads.parts.create(upload_id=upload.id, data=b"{}\n{}\n{")
+    over = http.post(f"/v1/uploads/{upload.id}/parts", files={"data": ("d", b"}\n\n\n")})
+    assert_error(over, 400, param="data", message="its parts so far hold 7, so 3 more fit")
+    last = client.uploads.parts.create(upload_id=upload.id, data=b"}\n\n")
+    assert len(part_keys(settings, upload.id)) == 2
+    done = client.uploads.complete(upload_id=upload.id, part_ids=[first.id, last.id])
+    assert done.file is not None and done.file.bytes == 10
+    assert list((settings.storage_dir / ".tmp").iterdir()) == []
+
+
+def _part_head(upload_id: str, data_bytes: int) -> tuple[bytes, bytes]:
+    """A part request's head and body up to its data, for `data_bytes` of data; and the
+    body's end."""
+    opening = (
+        f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="data"; filename="d"\r\n\r\n'
+    ).encode()
+    closing = f"\r\n--{BOUNDARY}--\r\n".encode()
+    head = (
+        f"POST /v1/uploads/{upload_id}/parts HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Content-Type: multipart/form-data; boundary={BOUNDARY}\r\n"
+        f"Content-Length: {len(opening) + data_bytes + len(closing)}\r\n\r\n"
+    ).encode()
+    return head + opening, closing
+
+
+def _connect(server: RunningServer) -> socket.socket:
+    host, port = server.url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=30)
+
+
+def _answer(sock: socket.socket) -> bytes:
+    received = b""
+    while not received.endswith(b"}") and (chunk := sock.recv(65536)):
+        received += chunk
+    return received
+
+
+def _new_upload(http: httpx.Client, size: int) -> str:
+    body = {"purpose": "batch", "filename": "r.jsonl", "bytes": size, "mime_type": "text/plain"}
+    upload_id: str = http.post("/v1/uploads", json=body).json()["id"]
+    return upload_id
+
+
+def test_an_oversize_part_is_refused_while_it_streams(
+    server: RunningServer, http: httpx.Client, settings: Settings
+) -> None:
+    upload_id = _new_upload(http, 10)
+    announced = 32 << 20
+    opening, _closing = _part_head(upload_id, announced)
+    sent = 0
+    with _connect(server) as sock:
+        sock.sendall(opening)
+        chunk = b"x" * (64 << 10)
+        while sent < announced:
+            try:
+                sock.sendall(chunk)
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            sent += len(chunk)
+            if ready_to_read([sock], [], [], 0.02)[0]:
+                break
+        answer = _answer(sock)
+    assert answer.startswith(b"HTTP/1.1 400 "), answer[:300]
+    assert b'"code":"upload_bytes_exceeded"' in answer
+    # Refused at the first write past the allowance (the parser hands on 1 MiB at a time).
+    assert sent < 8 << 20, sent
+    assert part_keys(settings, upload_id) == []
+    assert list((settings.storage_dir / ".tmp").iterdir()) == []
+
+
+def test_two_parts_sent_at_once_cannot_pass_the_declared_bytes(
+    server: RunningServer, http: httpx.Client, settings: Settings
+) -> None:
+    upload_id = _new_upload(http, 1000)
+    data = b"y" * 600  # each fits alone; the two together do not
+    opening, closing = _part_head(upload_id, len(data))
+    temp = settings.storage_dir / ".tmp"
+    with _connect(server) as one, _connect(server) as two:
+        for sock in (one, two):
+            sock.sendall(opening + data[:300])
+        # Both are streaming (each part's writer is open) before either is recorded.
+        deadline = time.monotonic() + 30
+        while len(list(temp.iterdir()) if temp.exists() else []) < 2:
+            assert time.monotonic() < deadline, "the parts never started"
+            time.sleep(0.02)
+        for sock in (one, two):
+            sock.sendall(data[300:] + closing)
+        answers = sorted([_answer(one), _answer(two)], key=lambda a: a[9:12])
+    assert answers[0].startswith(b"HTTP/1.1 200 "), answers[0][:300]
+    assert answers[1].startswith(b"HTTP/1.1 400 "), answers[1][:300]
+    assert b"its parts so far hold 600, so 400 more fit; this part has 600 bytes." in answers[1]
+    assert len(part_keys(settings, upload_id)) == 1
+    assert list(temp.iterdir()) == []

@@ -1,4 +1,5 @@
-"""Removing result chunks once their batch is terminal: objects first, then their rows.
+"""Removing result chunks: once their batch is terminal (objects first, then their rows), or
+one whose record failed, if no row names it.
 
 The finalizer removes a batch's chunks when it ends; housekeeping sweeps those of a finalizer
 that died before it could.
@@ -7,6 +8,7 @@ that died before it could.
 from sqlalchemy import ColumnElement, delete, exists, select
 
 from app.config import Settings
+from app.core.leases import ShardLease
 from app.core.states import TERMINAL_BATCH_STATUSES
 from app.db.models import Batch, ResultChunk, Shard
 from app.db.session import session_scope
@@ -43,3 +45,27 @@ def _delete_chunks(settings: Settings, storage: Storage, which: ColumnElement[bo
         with session_scope(settings) as session:
             session.execute(delete(ResultChunk).where(ResultChunk.id.in_([r[0] for r in rows])))
     return len(rows)
+
+
+def delete_unrecorded(
+    settings: Settings, storage: Storage, lease: ShardLease, sequence: int
+) -> bool:
+    """Deletes the holder's chunk `sequence` unless a row names it; True if it was deleted.
+
+    Asked in a transaction of its own: a record refused or failed may have committed all the
+    same (its reply was lost), and a recorded chunk must never lose its object. Once the lease
+    has moved on, no earlier transaction of this holder can still commit: each one updates
+    the shard's row, which the new claim waited for.
+    """
+    key = lease.chunk_key(sequence)
+    named = exists().where(
+        ResultChunk.shard_id == lease.shard_id,
+        ResultChunk.epoch == lease.epoch,
+        ResultChunk.sequence == sequence,
+        ResultChunk.storage_key == key,
+    )
+    with session_scope(settings) as session:
+        if session.scalar(select(named)):
+            return False
+    storage.delete(key)
+    return True

@@ -247,6 +247,10 @@ def parse(argv: Sequence[str] | None, settings: Settings) -> tuple[argparse.Name
         # Online requests first: vLLM's scheduler admits lower priority values first.
         args.scheduling_policy = "priority"
     vars(args).update(vars(ours))
+    if not _given(rest, "--allowed-media-domains"):  # the deployment's hosts, checked by vLLM too
+        from app.services.media_urls import MediaRule
+
+        args.allowed_media_domains = MediaRule.of(settings).vllm_domains()
     # Per-step statistics cost throughput and are off in vLLM's offline runner too.
     args.disable_log_stats = args.disable_log_stats or not ours.enable_log_stats
     return prepare_args(args, settings, dtype_given=_given(rest, "--dtype")), settings
@@ -338,8 +342,10 @@ def main(argv: Sequence[str] | None = None, settings: Settings | None = None) ->
     from app.config import get_settings, reserve_cpu_kv_cache
     from app.logging import configure_logging, route_vllm_logs
     from worker import process
+    from worker.media_guard import forbid_media_redirects
 
     reserve_cpu_kv_cache()
+    forbid_media_redirects()
     settings = settings or get_settings()
     configure_logging(settings.log_level, settings.log_format)
     route_vllm_logs(settings.log_level, settings.log_format)

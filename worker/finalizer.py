@@ -14,40 +14,47 @@ shard's input range, and streams one line per request, in input order, into the
 output file (2xx) or the error file (everything else, plus `batch_cancelled` /
 `batch_expired` lines for requests that never ran). One fenced transaction then
 records both files, counts, usage and the final status.
+
+A chunk whose object is gone has its row dropped and a done shard goes back to run its lines
+again; an input file that is gone fails the batch (`worker.lost_objects`). A finalization
+that raises backs off, per batch (`batch_lease.fail`), and batches that never failed go
+first: no number of failing batches delays the others.
 """
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from sqlalchemy import and_, exists, func, or_, select, update
+from sqlalchemy import ColumnElement, and_, exists, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from app.config import Settings
-from app.core.chunks import decode_chunk
 from app.core.leases import BatchLease
-from app.core.progress import Progress, Usage, usage_of
-from app.core.states import BatchStatus, Ending, ShardStatus
+from app.core.progress import Progress
+from app.core.states import BatchStatus, BatchStep, Ending, ShardStatus
 from app.db.models import Batch, File, ResultChunk, Shard
 from app.db.session import session_scope
 from app.ids import new_batch_request_id, new_file_id
 from app.schemas.files import FileObjectPurpose
-from app.services import batch_lease
+from app.services import batch_lease, step_share
 from app.services.batch_end import end_batch
 from app.services.batch_lease import Heartbeat
 from app.services.files import create_file_from_storage, file_storage_key
-from app.services.jsonl import iter_lines
 from app.services.throughput import throughput_series
 from app.storage import Storage, StoredObject, Writer, storage_of
 from worker.chunk_cleanup import delete_chunks
+from worker.lost_objects import MissingInput, fail_batch, forget_chunks, input_lines, reopen
+from worker.recorded import Recorded, read_recorded, result_of
 
 log = logging.getLogger("overnight.finalizer")
 
 DEFAULT_OUTPUT_EXPIRES_AFTER = 30 * 24 * 3600
 _CANDIDATES_PER_PASS = 50
+# Ready batches a claim looks at: enough that racing finalizers skip to another one.
+_CANDIDATES_PER_CLAIM = 8
 _HEARTBEAT_CHECK_LINES = 256
 
 # Why a request has no result, by how the batch ends.
@@ -78,24 +85,37 @@ class Finalization:
 
 
 def finalize_ready_batches(settings: Settings, owner: str, storage: Storage | None = None) -> int:
-    """Finalizes every batch that is ready and not being finalized; returns how many ended."""
+    """Finalizes every batch that is ready and not being finalized; returns how many ended.
+
+    The next batch is chosen again after each one, fair share across projects (`step_share`);
+    a pass tries each batch once, and `_CANDIDATES_PER_PASS` at most.
+    """
     storage = storage or storage_of(settings)
     finished = 0
-    for batch_id, epoch in _candidates(settings):
-        job = _claim(settings, batch_id, epoch, owner)
-        if job is None:
-            continue
+    seen: set[str] = set()
+    while len(seen) < _CANDIDATES_PER_PASS and (job := _claim_next(settings, owner, seen)):
         try:
             if finalize(settings, storage, job):
                 finished += 1
         except Exception:
-            log.exception("finalizing %s failed; it will be retried", batch_id)
-            batch_lease.release(settings, job.lease)
+            batch_id = job.lease.batch_id
+            log.exception("finalizing %s failed; it will be retried after a backoff", batch_id)
+            batch_lease.fail(settings, job.lease)
     return finished
 
 
-def _candidates(settings: Settings) -> list[tuple[str, int]]:
-    now = time.time()
+def _claim_next(settings: Settings, owner: str, seen: set[str]) -> Finalization | None:
+    """Claims the first ready batch not yet `seen`, in order; every one tried joins `seen`."""
+    for batch_id, epoch in _candidates(settings, seen):
+        seen.add(batch_id)
+        job = _claim(settings, batch_id, epoch, owner)
+        if job is not None:
+            return job
+    return None
+
+
+def _ready(settings: Settings, now: float) -> ColumnElement[bool]:
+    """SQL condition: the batch is ready to finalize (this module's docstring)."""
     live_shard = exists().where(
         Shard.batch_id == Batch.id,
         Shard.status == ShardStatus.RUNNING,
@@ -103,19 +123,35 @@ def _candidates(settings: Settings) -> list[tuple[str, int]]:
     )
     open_shard = exists().where(Shard.batch_id == Batch.id, Shard.status != ShardStatus.DONE)
     expired = Batch.expires_at <= int(now)
-    ready = or_(
+    return or_(
         and_(Batch.status == BatchStatus.IN_PROGRESS, ~open_shard),
         and_(Batch.status == BatchStatus.IN_PROGRESS, expired, ~live_shard),
         and_(Batch.status == BatchStatus.CANCELLING, ~live_shard),
         and_(Batch.status == BatchStatus.VALIDATING, expired),
         Batch.status == BatchStatus.FINALIZING,
     )
+
+
+def _candidates(settings: Settings, seen: Collection[str] = ()) -> list[tuple[str, int]]:
+    """Ready batches nobody is finalizing, but those `seen`, in the order they are taken."""
+    now = time.time()
+    # Batches whose finalization never failed first: failing ones wait out their backoff and
+    # then come behind them.
+    ready = (
+        select(Batch.id, Batch.lease_epoch)
+        .where(
+            _ready(settings, now),
+            batch_lease.lease_is_free(settings, now),
+            batch_lease.step_due(now),
+            Batch.id.not_in(seen),
+        )
+        .order_by(Batch.step_failures)
+    )
     with session_scope(settings) as session:
         rows = session.execute(
-            select(Batch.id, Batch.lease_epoch)
-            .where(ready, batch_lease.lease_is_free(settings, now))
-            .order_by(Batch.seq)
-            .limit(_CANDIDATES_PER_PASS)
+            step_share.in_order(ready, BatchStep.FINALIZATION, settings.scheduler).limit(
+                _CANDIDATES_PER_CLAIM
+            )
         ).all()
     return [(row[0], row[1]) for row in rows]
 
@@ -125,6 +161,8 @@ def _claim(settings: Settings, batch_id: str, epoch: int, owner: str) -> Finaliz
         lease = batch_lease.take(session, batch_id, epoch, owner)
         if lease is None:
             return None
+        ready = _ready(settings, time.time())
+        step_share.charge(session, BatchStep.FINALIZATION, batch_id, ready, settings.scheduler)
         batch = session.scalar(
             select(Batch).where(Batch.id == batch_id).execution_options(populate_existing=True)
         )
@@ -194,26 +232,20 @@ class _LazyFile:
 
 
 def finalize(settings: Settings, storage: Storage, job: Finalization) -> bool:
-    """Writes the files and records them; False if the lease was lost or results changed."""
-    output, errors = _LazyFile(storage, "output"), _LazyFile(storage, "error")
-    tally, unrun = Progress(), 0
-    unrun_code, _message = _UNRUN[job.path]
+    """Writes the files and records them; whether the batch ended (False if the lease was
+    lost, results changed, or a lost chunk sent its lines back to run)."""
     try:
-        for line in _merged_lines(storage, job, Heartbeat(settings, job.lease)):
-            ok, usage = _result_of(line)
-            (output if ok else errors).write(orjson.dumps(line) + b"\n")
-            tally.add(ok, usage)
-            if not ok and (line.get("error") or {}).get("code") == unrun_code:
-                unrun += 1
-        written = [(side, side.commit()) for side in (output, errors)]
+        written, tally, unrun = _write_files(settings, storage, job)
     except _LeaseLost:
-        output.abort()
-        errors.abort()
         return False
-    except BaseException:
-        output.abort()
-        errors.abort()
-        raise
+    except _ChunksLost as lost:
+        _forget(settings, job, lost)
+        return False
+    except MissingInput as missing:
+        if not _fail(settings, job, missing.key):
+            return False
+        delete_chunks(settings, storage, job.lease.batch_id)
+        return True
     if not _record(settings, job, written, tally, unrun):
         for _side, obj in written:
             if obj is not None:
@@ -224,18 +256,65 @@ def finalize(settings: Settings, storage: Storage, job: Finalization) -> bool:
     return True
 
 
-def _result_of(line: dict[str, Any]) -> tuple[bool, Usage]:
-    """Whether an output line is a success (it goes to the output file), and its usage."""
-    response = line.get("response")
-    if not isinstance(response, dict):
-        return False, Usage()
-    status = response.get("status_code")
-    ok = isinstance(status, int) and 200 <= status < 300
-    return ok, usage_of(response.get("body")) if ok else Usage()
+_Written = list[tuple[_LazyFile, StoredObject | None]]
+
+
+def _write_files(
+    settings: Settings, storage: Storage, job: Finalization
+) -> tuple[_Written, Progress, int]:
+    """Streams the output and error files; nothing of them is kept if it raises."""
+    output, errors = _LazyFile(storage, "output"), _LazyFile(storage, "error")
+    tally, unrun = Progress(), 0
+    unrun_code, _message = _UNRUN[job.path]
+    try:
+        for line in _merged_lines(storage, job, Heartbeat(settings, job.lease)):
+            ok, usage = result_of(line)
+            (output if ok else errors).write(orjson.dumps(line) + b"\n")
+            tally.add(ok, usage)
+            if not ok and (line.get("error") or {}).get("code") == unrun_code:
+                unrun += 1
+        return [(side, side.commit()) for side in (output, errors)], tally, unrun
+    except BaseException:
+        output.abort()
+        errors.abort()
+        raise
 
 
 class _LeaseLost(Exception):
     pass
+
+
+class _ChunksLost(Exception):
+    """A shard's recorded chunks are not all in the store any more."""
+
+    def __init__(self, shard_id: int, recorded: Recorded) -> None:
+        super().__init__(shard_id, recorded.missing)
+        self.shard_id = shard_id
+        self.recorded = recorded
+
+
+def _forget(settings: Settings, job: Finalization, lost: _ChunksLost) -> None:
+    """Drops the lost chunks' rows, fenced by the batch lease: their lines run again if the
+    batch was completing, else they get the ending's error line at the next try."""
+    with session_scope(settings) as session:
+        batch = _locked_batch(session, job.lease)
+        if batch is not None:
+            forget_chunks(session, lost.shard_id, lost.recorded)
+            if job.path is Ending.COMPLETE:
+                reopen(session, batch, lost.shard_id)
+    batch_lease.release(settings, job.lease)
+
+
+def _fail(settings: Settings, job: Finalization, key: str) -> bool:
+    """The input file is gone: the batch fails, naming it; False if the lease was lost."""
+    with session_scope(settings) as session:
+        batch = _locked_batch(session, job.lease)
+        failed = batch is not None and fail_batch(session, batch, key)
+        if failed:
+            _fence_shards(session, job.lease.batch_id)
+    if not failed:
+        batch_lease.release(settings, job.lease)
+    return failed
 
 
 def _merged_lines(
@@ -245,8 +324,11 @@ def _merged_lines(
     code, message = _UNRUN[job.path]
     count = 0
     for shard in job.shards:
-        results = _shard_results(storage, job.chunks.get(shard.id, []))
-        for line_no, raw in iter_lines(
+        recorded = read_recorded(storage, job.chunks.get(shard.id, []), keep=True)
+        if recorded.missing:
+            raise _ChunksLost(shard.id, recorded)
+        results = recorded.results
+        for line_no, raw in input_lines(
             storage, job.input_key, shard.byte_start, shard.byte_end, shard.first_line
         ):
             count += 1
@@ -254,14 +336,6 @@ def _merged_lines(
                 raise _LeaseLost(job.lease.batch_id)
             result = results.pop(line_no, None)
             yield result if result is not None else _unrun_line(raw, code, message)
-
-
-def _shard_results(storage: Storage, chunk_keys: list[str]) -> dict[int, dict[str, Any]]:
-    results: dict[int, dict[str, Any]] = {}
-    for key in chunk_keys:
-        for line, output in decode_chunk(b"".join(storage.read(key))):
-            results.setdefault(line, output)
-    return results
 
 
 def _unrun_line(raw: bytes, code: str, message: str) -> dict[str, Any]:
@@ -284,21 +358,11 @@ def _record(
     """The one transaction that ends the batch, fenced by the batch lease."""
     batch_id = job.lease.batch_id
     with session_scope(settings) as session:
-        batch = session.scalar(
-            select(Batch)
-            .where(Batch.id == batch_id, Batch.lease_epoch == job.lease.epoch)
-            .with_for_update()
-            .execution_options(populate_existing=True)
-        )
+        batch = _locked_batch(session, job.lease)
         if batch is None:
             return False
         # Refuse late writes of any shard holder, then check nothing arrived since we read.
-        session.execute(
-            update(Shard)
-            .where(Shard.batch_id == batch_id, Shard.status != ShardStatus.DONE)
-            .values(lease_epoch=Shard.lease_epoch + 1, lease_owner=None)
-            .execution_options(synchronize_session=False)
-        )
+        _fence_shards(session, batch_id)
         chunk_count = session.scalar(
             select(func.count(ResultChunk.id))
             .join(Shard, Shard.id == ResultChunk.shard_id)
@@ -325,6 +389,26 @@ def _record(
         _finish(session, batch, job.path, files, tally, unrun, now)
         batch.throughput = throughput_series(session, batch_id)
     return True
+
+
+def _locked_batch(session: Session, lease: BatchLease) -> Batch | None:
+    """The batch's row, locked, while the lease is still ours (fencing)."""
+    return session.scalar(
+        select(Batch)
+        .where(Batch.id == lease.batch_id, Batch.lease_epoch == lease.epoch)
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    )
+
+
+def _fence_shards(session: Session, batch_id: str) -> None:
+    """Refuses every later write of the batch's shard holders."""
+    session.execute(
+        update(Shard)
+        .where(Shard.batch_id == batch_id, Shard.status != ShardStatus.DONE)
+        .values(lease_epoch=Shard.lease_epoch + 1, lease_owner=None)
+        .execution_options(synchronize_session=False)
+    )
 
 
 # Decided when the finalization was claimed: a cancel arriving later cannot make a batch

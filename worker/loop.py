@@ -27,13 +27,15 @@ from app.config import Settings
 from app.core.leases import ShardLease
 from app.core.states import FINALIZABLE_OUTCOMES, ShardOutcome
 from app.db.changes import ChangeWatch, watch_for
-from app.db.session import session_scope, statement_scope, upgrade
+from app.db.session import one_statement_scope, session_scope, upgrade
+from app.services.media_urls import MediaRule
 from app.storage import Storage, storage_of
 from worker import claim, registry
 from worker.backoff import BackoffPolicy, follow_online_traffic
 from worker.engine import Engine, EngineDeadError
 from worker.finalizer import finalize_ready_batches
 from worker.health import Health, WorkerState
+from worker.media_guard import MediaGuard
 from worker.outage import backoff, database_down, first_line, until_database
 from worker.scheduler import Job, Scheduler
 from worker.shard import RunOptions, ShardRun
@@ -89,7 +91,7 @@ class Worker:
         self.storage = storage or storage_of(settings)
         window = options.window or 2 * engine.max_num_seqs
         self.scheduler = Scheduler(
-            engine,
+            MediaGuard(engine, MediaRule.of(settings)),
             window,
             dedup=options.dedup,
             prefix_grouping=options.prefix_grouping,
@@ -211,7 +213,7 @@ class Worker:
 
     def _take_shard(self) -> ShardLease | None:
         """The claim's transaction (blocking: it runs in a thread)."""
-        with statement_scope(self.settings) as session:
+        with one_statement_scope(self.settings) as session:
             return claim.claim_shard(
                 session,
                 self.options.worker_id,

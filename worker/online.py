@@ -1,12 +1,12 @@
 """The worker's online API: vLLM's own OpenAI app on the worker's engine, behind overnight's keys.
 
-`overnight worker --online-port PORT` serves what `vllm serve` serves for the worker's model
-(`/v1/chat/completions`, `/v1/completions`, `/v1/responses`, `/v1/embeddings`, `/v1/models`,
-streaming …) from the app and serving objects the batch lines already use. Every request
-but the probes is authenticated as the batch API does it (same keys, projects and open mode),
-and runs with its project marked, so that the engine adapter counts its usage for that
-project; the counts are added to the database every second, where `/metrics` and the
-dashboard read them.
+`overnight worker --online-port PORT` serves the inference routes `vllm serve` serves for the
+worker's model (`/v1/chat/completions`, `/v1/completions`, `/v1/responses`, `/v1/embeddings`,
+`/v1/models`, streaming …; not vLLM's operational routes: `online_guards`) from the app and
+serving objects the batch lines already use. Every request but the probes is authenticated
+as the batch API does it (same keys, projects and open mode), and runs with its project
+marked, so that the engine adapter counts its usage for that project; the counts are added
+to the database every second, where `/metrics` and the dashboard read them.
 """
 
 import asyncio
@@ -26,11 +26,12 @@ from app.errors import OpenAIError, error_response
 from app.http_server import server_options
 from app.services import online_usage
 from app.services.auth import Access, Principal, authenticate
+from app.services.media_urls import MediaRule
+from worker.online_guards import PROBES, InferenceOnly, MediaScreen
 from worker.traffic import ONLINE_PROJECT, OnlineTraffic
 
 log = logging.getLogger("overnight.worker")
 
-PROBES = ("/health", "/ping")
 USAGE_FLUSH_SECONDS = 1.0
 SHUTDOWN_SECONDS = 5.0
 
@@ -98,9 +99,10 @@ class OnlineServer:
         sock: socket.socket,
         model: str,
     ) -> None:
-        # Outermost, around vLLM's own middleware (its app is already built).
+        # Outermost, around vLLM's own middleware (its app is already built): the key first.
+        guarded = InferenceOnly(MediaScreen(app, MediaRule.of(settings)))
         config = uvicorn.Config(
-            ProjectAuth(app, settings, access),
+            ProjectAuth(guarded, settings, access),
             log_config=None,
             access_log=False,
             timeout_graceful_shutdown=int(SHUTDOWN_SECONDS),

@@ -1,21 +1,12 @@
-"""Reading a leased shard: its input lines (streamed) and the lines it already finished."""
+"""Reading a leased shard's input lines, streamed (what it finished: `worker.recorded`)."""
 
 from collections.abc import Iterator
 
 import orjson
 
-from app.core.chunks import decode_chunk
 from app.core.leases import ShardLease
-from app.services.jsonl import iter_lines
 from app.storage import Storage
-
-
-def finished_lines(storage: Storage, chunk_keys: list[str]) -> set[int]:
-    """Line numbers that already have a recorded result in these chunks."""
-    return {
-        line for key in chunk_keys for line, _output in decode_chunk(b"".join(storage.read(key)))
-    }
-
+from worker.lost_objects import input_lines
 
 Request = tuple[int, str, str, dict[str, object]]
 
@@ -25,8 +16,9 @@ def read_requests(storage: Storage, lease: ShardLease, skip: set[int]) -> Iterat
 
     The validator already checked every line, so they parse. The url is the line's own: the
     service's validator made it the batch's endpoint, `run-batch` lets each line choose.
+    `MissingInput` if the store lost the input file.
     """
-    for line, raw in iter_lines(
+    for line, raw in input_lines(
         storage, lease.input_key, lease.byte_start, lease.byte_end, lease.first_line
     ):
         if line in skip:

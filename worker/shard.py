@@ -7,6 +7,10 @@ is seen within one tick; then in-flight requests are aborted, what finished is k
 shard is handed back. A lease that cannot be renewed in time (the database is away) is let
 go: in-flight requests are aborted and unrecorded results dropped, so the next holder runs
 exactly those lines again.
+
+A chunk whose record failed is deleted only if no row names it (a commit whose reply was lost
+recorded it all the same). A recorded chunk whose object is gone has its row dropped and its
+lines run again; an input file that is gone fails the batch (`worker.lost_objects`).
 """
 
 import asyncio
@@ -16,16 +20,20 @@ import time
 from dataclasses import dataclass
 from enum import Enum
 
+from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from app.config import Settings
 from app.core.leases import FIRST_EPOCH, BatchState, ShardLease
 from app.core.states import ShardOutcome
+from app.db.models import Batch
 from app.db.session import session_scope
 from app.storage import Storage
 from app.storage.base import StorageFull
-from worker import claim, reader
+from worker import claim, lost_objects, reader
+from worker.chunk_cleanup import delete_unrecorded
 from worker.engine import EngineResult
+from worker.recorded import Recorded, read_recorded
 from worker.scheduler import Job, Scheduler
 from worker.writer import Chunk, ResultWriter
 
@@ -110,10 +118,11 @@ class ShardRun:
 
     async def run(self) -> ShardOutcome:
         """Returns how it ended."""
-        keys = await asyncio.to_thread(self._recorded_keys)
-        skip = await asyncio.to_thread(reader.finished_lines, self.storage, keys)
-        self.recorded = len(skip)
-        feeder = asyncio.create_task(self._feed(skip))
+        recorded = await asyncio.to_thread(self._resume)
+        if recorded is None:
+            return await self._lost()
+        self.recorded = len(recorded.lines)
+        feeder = asyncio.create_task(self._feed(recorded.lines))
         try:
             return await self._supervise(feeder)
         finally:
@@ -151,6 +160,8 @@ class ShardRun:
                 await self._let_go()
                 raise self._engine_error
             if feeder.done() and not feeder.cancelled() and (error := feeder.exception()):
+                if isinstance(error, lost_objects.MissingInput):
+                    return await self._input_missing(error)
                 await self._let_go()
                 raise error
             finished = self.fed_all.is_set() and self._outstanding == 0
@@ -215,13 +226,44 @@ class ShardRun:
                 return reason
             await asyncio.sleep(self.options.checkpoint_seconds)
 
-    def _recorded_keys(self) -> list[str]:
+    async def _input_missing(self, missing: lost_objects.MissingInput) -> ShardOutcome:
+        """The batch's input file is gone: abort what runs and fail the batch, naming it."""
+        self.fed_all.set()
+        await self.scheduler.abort(self)
+        if not await asyncio.to_thread(self._fail_batch, missing.key):
+            return ShardOutcome.LOST
+        return ShardOutcome.BATCH_ENDED
+
+    def _fail_batch(self, key: str) -> bool:
+        """Fails the batch, fenced by the lease (handed back); False if the lease was lost."""
+        with session_scope(self.settings) as session:
+            # The finalizer's lock order: the batch, then its shards.
+            batch = session.scalar(
+                select(Batch).where(Batch.id == self.lease.batch_id).with_for_update()
+            )
+            assert batch is not None
+            if claim.checkpoint(session, self.lease, release=True) is None:
+                return False
+            lost_objects.fail_batch(session, batch, key)
+        return True
+
+    def _resume(self) -> Recorded | None:
+        """What earlier holders recorded; lines of chunks whose objects are gone are
+        forgotten (fenced by the lease) and run again. None if the lease was lost."""
         if self.lease.epoch == FIRST_EPOCH:
             # The shard's first holder: nobody recorded anything before it, so no transaction
             # (at the start of a batch every worker would run one beside its next claim).
-            return []
+            return Recorded()
         with session_scope(self.settings) as session:
-            return claim.recorded_chunk_keys(session, self.lease.shard_id)
+            keys = claim.recorded_chunk_keys(session, self.lease.shard_id)
+        recorded = read_recorded(self.storage, keys)
+        if not recorded.missing:
+            return recorded
+        with session_scope(self.settings) as session:
+            if claim.checkpoint(session, self.lease) is None:
+                return None
+            lost_objects.forget_chunks(session, self.lease.shard_id, recorded)
+        return recorded
 
     async def _checkpoint(self, done: bool = False, release: bool = False) -> Checkpoint:
         """Store finished lines and renew the lease (or close or release the shard)."""
@@ -251,7 +293,7 @@ class ShardRun:
             self._pending = None
         if state is None:
             if recorded is not None:
-                await asyncio.to_thread(self.storage.delete, recorded.key)
+                await self._discard(recorded)
             return Checkpoint(Renewal.LOST)
         if recorded is not None:
             self.recorded += recorded.lines
@@ -260,6 +302,17 @@ class ShardRun:
         if done and stored:
             self._wake.set()
         return Checkpoint(Renewal.RENEWED, state)
+
+    async def _discard(self, chunk: Chunk) -> None:
+        """Deletes a chunk whose record was refused, unless a row names it after all."""
+        try:
+            await asyncio.to_thread(
+                delete_unrecorded, self.settings, self.storage, self.lease, chunk.sequence
+            )
+        except Exception as exc:
+            # Kept: an object no row names is only wasted space, a deleted recorded one a
+            # batch that cannot end.
+            log.warning("kept chunk %s: cannot tell whether it was recorded: %s", chunk.key, exc)
 
     async def _store(self, chunk: Chunk | None) -> bool:
         """Writes the chunk; False while the store is full, keeping it for the next tick.

@@ -96,7 +96,7 @@ def _keys(sub: Any) -> None:
 
 def _projects(sub: Any) -> None:
     group = sub.add_parser(
-        "projects", help="projects: fair-share weights, enqueued limits (admin key)"
+        "projects", help="projects: fair-share weights, enqueued limits, quotas (admin key)"
     ).add_subparsers(dest="projects_command", required=True)
     _command(group, "list", projects.cmd_list, "every project with its weight", json=True)
     p = _command(group, "weight", projects.cmd_weight, "set a project's fair-share weight")
@@ -118,6 +118,21 @@ def _projects(sub: Any) -> None:
             default=argparse.SUPPRESS,
             metavar="N|default",
             help=f"{what} its unfinished batches may hold; `default`: the deployment's",
+        )
+    p = _command(
+        group, "quotas", projects.cmd_quotas, "a project's quotas and what it holds", json=True
+    )
+    p.add_argument("project", help="the project's name or id")
+    p = _command(group, "quota", projects.cmd_quota, "set a project's own quotas")
+    p.add_argument("project", help="the project's name or id")
+    for field, unit in projects.QUOTAS:
+        p.add_argument(
+            projects.quota_option(field),
+            dest=field,
+            type=projects.limit_value,
+            default=argparse.SUPPRESS,
+            metavar="N|default",
+            help=f"the most {unit} it may hold; `default`: the deployment's",
         )
 
 

@@ -1,5 +1,5 @@
-"""`overnight projects list|weight|limits|limit` (admin API) and the schedule lines of
-`batches show`."""
+"""`overnight projects list|weight|limits|limit|quotas|quota` (admin API) and the schedule
+lines of `batches show`."""
 
 import argparse
 import time
@@ -86,6 +86,52 @@ def cmd_limit(args: argparse.Namespace) -> int:
     tokens = _limit_text(found["token_limit"], found["token_limit_override"], "tokens")
     requests = _limit_text(found["request_limit"], found["request_limit_override"], "requests")
     print(f"{found['project_name']} on {found['model']}: {tokens}, {requests}")
+    return 0
+
+
+# Each quota: its field in the admin API's answer (`--stored-bytes` sets `stored_bytes`), its unit.
+QUOTAS = (
+    ("stored_bytes", "bytes"),
+    ("files", "files"),
+    ("open_uploads", "open uploads"),
+    ("unfinished_batches", "unfinished batches"),
+)
+
+
+def quota_option(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def _quota_text(quota: dict[str, Any], unit: str) -> str:
+    return _limit_text(quota["limit"], quota["override"], unit)
+
+
+def cmd_quotas(args: argparse.Namespace) -> int:
+    found: dict[str, Any] = client(args).get(f"/admin/projects/{args.project}/quotas", cast_to=dict)
+    if args.json:
+        output.print_json(found)
+        return 0
+    output.print_table(
+        ["QUOTA", "IN USE", "LIMIT"],
+        (
+            (unit, f"{found[field]['used']:,}", _quota_text(found[field], unit))
+            for field, unit in QUOTAS
+        ),
+        empty="No quotas.",
+    )
+    return 0
+
+
+def cmd_quota(args: argparse.Namespace) -> int:
+    body = {f"max_{field}": getattr(args, field) for field, _unit in QUOTAS if hasattr(args, field)}
+    if not body:
+        options = ", ".join(quota_option(field) for field, _unit in QUOTAS)
+        raise CliError(f"give one of {options} (a number, or `default`)")
+    found: dict[str, Any] = client(args).post(
+        f"/admin/projects/{args.project}/quotas", body=body, cast_to=dict
+    )
+    shown = ", ".join(_quota_text(found[field], unit) for field, unit in QUOTAS)
+    print(f"{found['project_name']}: {shown}")
     return 0
 
 

@@ -36,6 +36,13 @@ CLAIMABLE_BATCH_STATUSES = (
 )
 
 
+class BatchStep(StrEnum):
+    """A batch-level step, which claims whole batches (each keeps fair-share clocks)."""
+
+    VALIDATION = "validation"
+    FINALIZATION = "finalization"
+
+
 class ShardStatus(StrEnum):
     PENDING = "pending"
     RUNNING = "running"

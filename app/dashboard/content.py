@@ -19,6 +19,7 @@ from app.services import (
     keys,
     monitoring,
     online_usage,
+    quotas,
     webhook_endpoints,
 )
 from app.services.batch_search import find_custom_id
@@ -186,10 +187,13 @@ def keys_page(session: Session, settings: Settings) -> dict[str, Any]:
     limits: dict[str, list[str]] = {}
     for found in enqueued.overridden(session, settings):
         limits.setdefault(found.project_id, []).append(views.limits_line(found))
+    projects = monitoring.list_projects(session)
+    held = quotas.quota_objects(session, settings, projects)
     return {
         "rows": key_rows(session),
-        "projects": monitoring.list_projects(session),
+        "projects": projects,
         "limits": limits,
+        "quotas": {found.project_id: views.quota_lines(found) for found in held},
         "models": [m.name for m in settings.models],
     }
 

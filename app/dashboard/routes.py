@@ -37,6 +37,7 @@ from app.errors import OpenAIError
 from app.schemas.admin import (
     CreateApiKeyRequest,
     UpdateEnqueuedLimitsRequest,
+    UpdateProjectQuotasRequest,
     UpdateProjectRequest,
 )
 from app.schemas.webhooks import CreateWebhookEndpointRequest, UpdateWebhookEndpointRequest
@@ -45,6 +46,7 @@ from app.services import (
     enqueued,
     file_expiry,
     keys,
+    quotas,
     schedule,
     webhook_delivery,
     webhook_endpoints,
@@ -381,6 +383,28 @@ async def set_limits(
     body = await read_json(request, LimitsForm)
     found = await uow.run(enqueued.set_limits, settings, project_id, body)
     return {"id": found.project_id, "limits": views.limits_line(found)}
+
+
+class QuotasForm(UpdateProjectQuotasRequest):
+    """The projects table's quotas form: a blank field is the deployment's default."""
+
+    @field_validator(*UpdateProjectQuotasRequest.model_fields, mode="before")
+    @classmethod
+    def _blank_is_default(cls, value: object) -> object:
+        return None if value == "" else value
+
+
+@router.post("/api/projects/{project_id}/quotas")
+async def set_quotas(
+    project_id: str,
+    request: Request,
+    _login: ApiLogin,
+    uow: UnitOfWorkDep,
+    settings: SettingsDep,
+) -> dict[str, Any]:
+    body = await read_json(request, QuotasForm)
+    found = await uow.run(quotas.set_quotas, settings, project_id, body)
+    return {"id": found.project_id, "quotas": views.quota_lines(found)}
 
 
 @router.post("/api/keys/{key_id}/revoke")

@@ -20,7 +20,7 @@ from app.core.sizes import human_bytes
 from app.core.states import CANCELLABLE_BATCH_STATUSES, TERMINAL_BATCH_STATUSES, BatchStatus
 from app.core.webhook_signing import secret_hint
 from app.db.models import Batch, File, RegisteredWorker, Shard, WebhookEndpoint
-from app.schemas.admin import EnqueuedLimitsObject, WorkerState
+from app.schemas.admin import EnqueuedLimitsObject, ProjectQuotasObject, Quota, WorkerState
 from app.services.files import Preview
 from app.services.fleet import SERVING_STATES, Fleet
 from app.services.monitoring import BatchView, WorkerView
@@ -372,6 +372,17 @@ def limits_line(limits: EnqueuedLimitsObject) -> str:
     tokens = one(limits.token_limit, limits.token_limit_override, "tokens")
     requests = one(limits.request_limit, limits.request_limit_override, "requests")
     return f"{limits.model}: {tokens}, {requests}"
+
+
+def quota_lines(found: ProjectQuotasObject) -> list[str]:
+    """`files: 3 of 1,000 (own)`, one a quota: what the project holds against its limit."""
+    lines = []
+    for quota in Quota:
+        held = getattr(found, quota)
+        limit = f"{held.limit:,}" if held.limit is not None else "unlimited"
+        source = "own" if held.override is not None else "default"
+        lines.append(f"{quota.replace('_', ' ')}: {held.used:,} of {limit} ({source})")
+    return lines
 
 
 def preview(p: Preview) -> Row:

@@ -30,6 +30,7 @@ from app.core.states import (
     CLAIMABLE_BATCH_STATUSES,
     OPEN_SHARD_STATUSES,
     BatchStatus,
+    BatchStep,
     DeliveryStatus,
     ShardStatus,
 )
@@ -75,6 +76,11 @@ class Project(Base):
     created_at: Mapped[int] = mapped_column(BigInteger)
     # Its share of a model's workers against other projects with work for it (fair share).
     weight: Mapped[float] = mapped_column(Float, default=1.0, server_default="1")
+    # Its own quotas (`app.services.quotas`); None: the deployment's `project_max_*`.
+    max_stored_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    max_files: Mapped[int | None] = mapped_column(BigInteger)
+    max_open_uploads: Mapped[int | None] = mapped_column(BigInteger)
+    max_unfinished_batches: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class ProjectShare(Base):
@@ -90,6 +96,18 @@ class ProjectShare(Base):
     model: Mapped[str] = mapped_column(String(256), primary_key=True)
     vtime: Mapped[float] = mapped_column(Float, default=0.0)
     work_done: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class ProjectStepShare(Base):
+    """A project's fair-share clock on a batch-level step: the work of its batches the step
+    took up, divided by its weight (`app.services.step_share`)."""
+
+    __tablename__ = "project_step_shares"
+    __table_args__ = (CheckConstraint(_in("step", BatchStep), name="step"),)
+
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id"), primary_key=True)
+    step: Mapped[BatchStep] = mapped_column(_enum(BatchStep, 16), primary_key=True)
+    vtime: Mapped[float] = mapped_column(Float, default=0.0)
 
 
 class ApiKey(Base):
@@ -244,6 +262,10 @@ class Batch(ProgressColumns, Base):
     lease_owner: Mapped[str | None] = mapped_column(String(128))
     lease_epoch: Mapped[int] = mapped_column(Integer, default=0)
     heartbeat_at: Mapped[float | None] = mapped_column(Float)
+    # A batch-level step that raised: how many times in a row, and not tried again before
+    # `step_retry_at` (`app.services.batch_lease.fail`).
+    step_failures: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    step_retry_at: Mapped[float | None] = mapped_column(Float)
 
 
 class Shard(ProgressColumns, Base):

@@ -88,7 +88,7 @@ def session_scope(settings: Settings) -> Iterator[Session]:
 
 
 @contextmanager
-def statement_scope(settings: Settings) -> Iterator[Session]:
+def one_statement_scope(settings: Settings) -> Iterator[Session]:
     """A session for one statement that is a whole transaction by itself (a claim).
 
     On PostgreSQL it runs in autocommit: the statement is atomic on its own, and a busy

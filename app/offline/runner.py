@@ -28,6 +28,7 @@ from app.services import batches
 from app.services.auth import DEFAULT_PROJECT, ensure_project
 from app.services.files import create_file_from_storage, file_storage_key
 from app.services.jsonl import iter_lines
+from app.services.media_urls import ANY_HOST
 from app.services.validation import validate_pending
 from app.storage import Storage, storage_for
 from worker.finalizer import finalize_ready_batches
@@ -83,7 +84,12 @@ def served_model(model: str | None, first: FirstLine, engine_argv: list[str]) ->
 
 
 def offline_settings(work_dir: Path, served: ServedModel) -> Settings:
-    """A private deployment: no limits a single file could hit, one served model."""
+    """A private deployment: no limits a single file could hit, one served model.
+
+    Its media URLs are fetched as vLLM's `run_batch` fetches them, from any host: the file is
+    the operator's own (no tenant), run by the operator's command. vLLM's
+    `--allowed-media-domains` narrows that, as for vLLM's runner.
+    """
     return Settings(  # type: ignore[call-arg]
         _env_file=None,
         data_dir=work_dir,
@@ -94,6 +100,8 @@ def offline_settings(work_dir: Path, served: ServedModel) -> Settings:
         max_batch_file_bytes=1 << 50,
         max_batch_requests=1 << 40,
         models=[served],
+        allowed_media_domains=[ANY_HOST],
+        media_allow_private=True,
     )
 
 

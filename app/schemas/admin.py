@@ -1,4 +1,5 @@
-"""Wire shapes of the admin API (`/v1/admin/...`): projects, API keys, workers."""
+"""Wire shapes of the admin API (`/v1/admin/...`): projects (weights, limits, quotas), API
+keys, workers."""
 
 from enum import StrEnum
 from typing import Annotated, Literal
@@ -66,6 +67,42 @@ class UpdateEnqueuedLimitsRequest(RequestModel):
     model: str = Field(min_length=1, max_length=256)
     token_limit: int | None = Field(None, ge=0, le=_MAX_LIMIT)
     request_limit: int | None = Field(None, ge=0, le=_MAX_LIMIT)
+
+
+class Quota(StrEnum):
+    """What a project's quotas bound (`app.services.quotas`)."""
+
+    STORED_BYTES = "stored_bytes"
+    FILES = "files"
+    OPEN_UPLOADS = "open_uploads"
+    UNFINISHED_BATCHES = "unfinished_batches"
+
+
+class QuotaObject(BaseModel):
+    used: int = Field(description="What the project holds now.")
+    limit: int | None = Field(description="The quota in force; null: no limit.")
+    override: int | None = Field(description="The project's own quota; null: the deployment's.")
+
+
+class ProjectQuotasObject(BaseModel):
+    """A project's quotas: its own where set, else the deployment's, with what it holds."""
+
+    object: Literal["project.quotas"] = "project.quotas"
+    project_id: str
+    project_name: str
+    stored_bytes: QuotaObject = Field(description="Bytes of its files and open uploads' parts.")
+    files: QuotaObject = Field(description="Its files (batch output files included).")
+    open_uploads: QuotaObject = Field(description="Its uploads neither completed nor ended.")
+    unfinished_batches: QuotaObject = Field(description="Its batches not yet ended.")
+
+
+class UpdateProjectQuotasRequest(RequestModel):
+    """A field left out stays as it is; null puts the deployment's default back."""
+
+    max_stored_bytes: int | None = Field(None, ge=0, le=_MAX_LIMIT)
+    max_files: int | None = Field(None, ge=0, le=_MAX_LIMIT)
+    max_open_uploads: int | None = Field(None, ge=0, le=_MAX_LIMIT)
+    max_unfinished_batches: int | None = Field(None, ge=0, le=_MAX_LIMIT)
 
 
 class ScheduledBatchObject(BaseModel):

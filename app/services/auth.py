@@ -57,6 +57,19 @@ def find_project(session: Session, name_or_id: str) -> Project:
     return project
 
 
+def lock_project(session: Session, project_id: str) -> str:
+    """Locks the project's row until the transaction ends; its name.
+
+    What a project's admissions (enqueued limits, quotas) serialize on, so that concurrent
+    requests of one project never pass a limit together: `SELECT … FOR UPDATE` on PostgreSQL,
+    where SQLite's transactions are already `BEGIN IMMEDIATE`.
+    """
+    name = session.scalar(select(Project.name).where(Project.id == project_id).with_for_update())
+    if name is None:
+        raise not_found("project", project_id)
+    return name
+
+
 def create_key(
     session: Session, project_name: str, role: str = "member", name: str = ""
 ) -> tuple[ApiKey, str]:

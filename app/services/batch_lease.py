@@ -5,11 +5,15 @@ output) holds `batches.lease_owner` with a fresh `lease_epoch` and renews
 `heartbeat_at`. A holder that dies stops renewing; after `lease_seconds` anyone
 may take the batch over, and every write of the old holder is refused because
 its epoch is no longer the batch's.
+
+A step that raises gives the lease up with a backoff of the batch's own (`fail`): it is not
+tried again before `step_retry_at`, twice as long after each failure in a row, so a batch
+that keeps failing costs one try per backoff and never holds up the others.
 """
 
 import time
 
-from sqlalchemy import ColumnElement, or_, update
+from sqlalchemy import ColumnElement, or_, select, update
 from sqlalchemy.orm import Session
 
 from app.config import Settings
@@ -26,6 +30,21 @@ def lease_is_free(settings: Settings, now: float) -> ColumnElement[bool]:
         Batch.heartbeat_at.is_(None),
         Batch.heartbeat_at < now - settings.lease_seconds,
     )
+
+
+# A failing step's first wait and its longest, doubling in between.
+STEP_RETRY_SECONDS = (5.0, 3600.0)
+
+
+def step_due(now: float) -> ColumnElement[bool]:
+    """SQL condition: the batch's step has not failed, or its backoff is over."""
+    return or_(Batch.step_retry_at.is_(None), Batch.step_retry_at <= now)
+
+
+def retry_delay(failures: int) -> float:
+    """The backoff after `failures` failures in a row."""
+    first, most = STEP_RETRY_SECONDS
+    return min(first * 2 ** (failures - 1), most)
 
 
 def take(session: Session, batch_id: str, seen_epoch: int, owner: str) -> BatchLease | None:
@@ -63,6 +82,29 @@ def release(settings: Settings, lease: BatchLease) -> None:
             .values(lease_owner=None, heartbeat_at=None)
             .execution_options(synchronize_session=False)
         )
+
+
+def fail(settings: Settings, lease: BatchLease) -> float | None:
+    """Gives the lease up after the step raised; returns the batch's backoff (None if the
+    lease was lost meanwhile)."""
+    condition = (Batch.id == lease.batch_id, Batch.lease_epoch == lease.epoch)
+    with session_scope(settings) as session:
+        failures = session.scalar(select(Batch.step_failures).where(*condition).with_for_update())
+        if failures is None:
+            return None
+        delay = retry_delay(failures + 1)
+        session.execute(
+            update(Batch)
+            .where(*condition)
+            .values(
+                lease_owner=None,
+                heartbeat_at=None,
+                step_failures=failures + 1,
+                step_retry_at=time.time() + delay,
+            )
+            .execution_options(synchronize_session=False)
+        )
+    return delay
 
 
 def _rowcount(result: object) -> int:

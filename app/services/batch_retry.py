@@ -21,8 +21,10 @@ from app.core.states import TERMINAL_BATCH_STATUSES
 from app.db.models import Batch, File
 from app.errors import OpenAIError, not_found
 from app.ids import new_file_id
+from app.schemas.admin import Quota
 from app.schemas.batches import BatchObject, CreateBatchRequest
 from app.schemas.common import ExpiresAfter
+from app.services import quotas
 from app.services.batches import MAX_METADATA_PAIRS, create_batch
 from app.services.files import create_file_from_storage, file_storage_key
 from app.services.jsonl import iter_lines
@@ -125,6 +127,8 @@ def create_retry(
     session: Session, settings: Settings, plan: RetryPlan, written: RetryInput
 ) -> BatchObject:
     """Registers the retry's input file and creates the batch (`validating`)."""
+    adding = {Quota.STORED_BYTES: written.stored.bytes, Quota.FILES: 1}
+    quotas.check(session, settings, plan.project_id, adding)
     create_file_from_storage(
         session,
         project_id=plan.project_id,

@@ -14,6 +14,7 @@ from app.db.models import Batch, Shard
 from app.endpoints import SUPPORTED, canonical
 from app.errors import OpenAIError, not_found
 from app.ids import new_batch_id
+from app.schemas.admin import Quota
 from app.schemas.batches import (
     BatchErrors,
     BatchObject,
@@ -24,6 +25,7 @@ from app.schemas.batches import (
     OutputTokensDetails,
 )
 from app.schemas.common import ListObject
+from app.services import quotas
 from app.services.files import get_file
 from app.services.pagination import Pages, check_limit
 
@@ -49,6 +51,7 @@ def create_batch(
             param="input_file_id",
             code="invalid_value",
         )
+    quotas.check(session, settings, project_id, {Quota.UNFINISHED_BATCHES: 1})
     now = int(time.time())
     batch = Batch(
         id=new_batch_id(),

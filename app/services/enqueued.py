@@ -25,7 +25,7 @@ from app.db import upsert
 from app.db.models import Batch, Project, ProjectLimit, Shard
 from app.schemas.admin import EnqueuedLimitsObject, UpdateEnqueuedLimitsRequest
 from app.schemas.batches import BatchError
-from app.services.auth import find_project
+from app.services.auth import find_project, lock_project
 
 # Fields of a request body that hold its prompt, across the served endpoints.
 _PROMPT_FIELDS = (
@@ -74,9 +74,7 @@ def admit(
     token_limit, request_limit = limits(session, settings, batch.project_id, model)
     if token_limit is None and request_limit is None:
         return None
-    project = session.scalar(
-        select(Project.name).where(Project.id == batch.project_id).with_for_update()
-    )
+    project = lock_project(session, batch.project_id)
     queued_tokens, queued_requests = enqueued(session, batch.project_id, model)
     if token_limit is not None and queued_tokens + tokens > token_limit:
         return BatchError(

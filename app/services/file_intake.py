@@ -17,7 +17,9 @@ from app.core.sizes import SizeLimit, too_large_message
 from app.db.models import File
 from app.errors import OpenAIError, validation_error
 from app.ids import new_file_id
+from app.schemas.admin import Quota
 from app.schemas.files import UPLOAD_PURPOSES, FileCreateParams, FileObject
+from app.services import quotas
 from app.services.files import create_file_from_storage, file_storage_key, now, to_file_object
 from app.storage import Storage, StoredObject, Writer
 
@@ -236,6 +238,8 @@ def register_received(
     session: Session, settings: Settings, project_id: str, received: ReceivedFile
 ) -> FileObject:
     params = received.params
+    adding = {Quota.STORED_BYTES: received.stored.bytes, Quota.FILES: 1}
+    quotas.check(session, settings, project_id, adding)
     row = register_client_file(
         session,
         settings,

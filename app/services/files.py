@@ -69,7 +69,8 @@ def create_file_from_storage(
     return row
 
 
-def _visible(now: int | BindParameter[int]) -> list[ColumnElement[bool]]:
+def visible(now: int | BindParameter[int]) -> list[ColumnElement[bool]]:
+    """SQL conditions: the file is neither deleted nor expired at `now`."""
     return [File.deleted_at.is_(None), or_(File.expires_at.is_(None), File.expires_at > now)]
 
 
@@ -77,7 +78,7 @@ def _visible(now: int | BindParameter[int]) -> list[ColumnElement[bool]]:
 _BY_ID = (
     File.id == bindparam("file_id"),
     File.project_id == bindparam("project_id"),
-    *_visible(bindparam("now")),
+    *visible(bindparam("now")),
 )
 _FILE_BY_ID = select(File).where(*_BY_ID)
 # The columns `to_file_object` reads, for the routes that only show files: Core rows cost
@@ -87,12 +88,12 @@ _WIRE = select(
 )
 _WIRE_BY_ID = _WIRE.where(*_BY_ID)
 _PROJECT = [File.project_id == bindparam("project_id")]
-_PAGES = Pages(File, query=_WIRE, scope=_PROJECT, visible=_visible(bindparam("now")))
+_PAGES = Pages(File, query=_WIRE, scope=_PROJECT, visible=visible(bindparam("now")))
 _PAGES_OF_PURPOSE = Pages(
     File,
     query=_WIRE,
     scope=_PROJECT,
-    visible=[*_visible(bindparam("now")), File.purpose == bindparam("purpose")],
+    visible=[*visible(bindparam("now")), File.purpose == bindparam("purpose")],
 )
 
 

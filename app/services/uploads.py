@@ -3,7 +3,9 @@
 Each part is its own storage object, `uploads/{upload_id}/{part_id}`, so parts can
 arrive in parallel. `complete` streams the chosen parts, in order, into a new File
 object and only then registers it; an upload is `pending` until completed,
-cancelled or past its one-hour life (then it behaves as `expired`).
+cancelled or past its one-hour life (then it behaves as `expired`). A part that would take
+the parts past the upload's declared `bytes` is refused as it streams, and again when it is
+recorded (two sent at once may each fit alone).
 """
 
 import base64
@@ -14,7 +16,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.config import Settings
@@ -22,6 +24,7 @@ from app.core.sizes import too_large_message
 from app.db.models import File, Upload, UploadPart
 from app.errors import OpenAIError, not_found
 from app.ids import new_file_id, new_part_id, new_upload_id
+from app.schemas.admin import Quota
 from app.schemas.uploads import (
     UploadComplete,
     UploadCreate,
@@ -29,6 +32,7 @@ from app.schemas.uploads import (
     UploadPartObject,
     UploadStatus,
 )
+from app.services import quotas
 from app.services.file_intake import (
     LimitedWriter,
     check_batch_filename,
@@ -111,6 +115,9 @@ def create_upload(
             code="integer_above_max_value",
         )
     check_mime_type(body.mime_type, body.purpose)
+    # Early: an upload whose file the quotas would refuse at `complete` takes no part.
+    wanted = {Quota.OPEN_UPLOADS: 1, Quota.STORED_BYTES: body.bytes, Quota.FILES: 1}
+    quotas.check(session, settings, project_id, wanted)
     now = _now()
     row = Upload(
         id=new_upload_id(),
@@ -163,23 +170,48 @@ class PartIntake:
 def start_part(
     session: Session, settings: Settings, storage: Storage, project_id: str, upload_id: str
 ) -> PartIntake:
-    """Check the upload takes parts (before any byte is received) and open the part's writer."""
-    require_pending(get_upload(session, project_id, upload_id), "add a part to")
+    """Check the upload takes parts (before any byte is received) and open the part's writer,
+    which refuses the part as soon as it passes what the upload and the project have room for."""
+    upload = get_upload(session, project_id, upload_id)
+    require_pending(upload, "add a part to")
+    limit, refusal = _part_room(session, settings, upload)
     part_id = new_part_id()
     writer = storage.writer(part_storage_prefix(upload_id) + part_id)
-    return PartIntake(
-        upload_id,
-        part_id,
-        LimitedWriter(
-            writer,
-            settings.max_upload_part_bytes,
-            too_large(
-                "The upload part",
-                settings.size_limit("max_upload_part_bytes"),
-                "data",
-                "part_too_large",
-            ),
-        ),
+    return PartIntake(upload_id, part_id, LimitedWriter(writer, limit, refusal))
+
+
+def _part_room(session: Session, settings: Settings, upload: Upload) -> tuple[int, OpenAIError]:
+    """The most a new part may hold, and the refusal past it: the tightest of the part limit,
+    the upload's declared bytes not yet sent and the project's stored-bytes quota."""
+    part_limit = settings.size_limit("max_upload_part_bytes")
+    sent = stored_part_bytes(session, upload.id)
+    rooms = [
+        (part_limit.bytes, too_large("The upload part", part_limit, "data", "part_too_large")),
+        (upload.bytes - sent, past_declared_bytes(upload, sent, None)),
+    ]
+    if (quota := quotas.room(session, settings, upload.project_id, Quota.STORED_BYTES)) is not None:
+        rooms.append(quota)
+    return min(rooms, key=lambda room: room[0])
+
+
+def stored_part_bytes(session: Session, upload_id: str) -> int:
+    """The bytes of the upload's recorded parts."""
+    total = session.scalar(
+        select(func.sum(UploadPart.bytes)).where(UploadPart.upload_id == upload_id)
+    )
+    return int(total or 0)
+
+
+def past_declared_bytes(upload: Upload, sent: int, size: int | None) -> OpenAIError:
+    """The refusal of a part of `size` bytes (None: still streaming, more than fits)."""
+    room = upload.bytes - sent
+    this = f"more than {room:,} bytes" if size is None else f"{size:,} bytes"
+    return OpenAIError(
+        f"The part would take upload {upload.id} past the bytes it was created with: "
+        f"bytes={upload.bytes:,}, its parts so far hold {sent:,}, so {room:,} more fit; "
+        f"this part has {this}.",
+        param="data",
+        code="upload_bytes_exceeded",
     )
 
 
@@ -193,11 +225,19 @@ def store_part(intake: PartIntake) -> StoredObject:
 
 
 def record_part(
-    session: Session, project_id: str, intake: PartIntake, stored: StoredObject
+    session: Session, settings: Settings, project_id: str, intake: PartIntake, stored: StoredObject
 ) -> UploadPartObject:
-    """Record a stored part, if the upload is still pending by then."""
+    """Record a stored part, if the upload is still pending and it still fits.
+
+    Checked again here, under the upload's lock: two parts sent at once both fit while they
+    streamed, but only one may be recorded if together they do not.
+    """
     upload = get_upload(session, project_id, intake.upload_id, lock=True)
     require_pending(upload, "add a part to")
+    sent = stored_part_bytes(session, upload.id)
+    if sent + stored.bytes > upload.bytes:
+        raise past_declared_bytes(upload, sent, stored.bytes)
+    quotas.check(session, settings, project_id, {Quota.STORED_BYTES: stored.bytes})
     part = UploadPart(
         id=intake.part_id,
         upload_id=upload.id,
@@ -295,6 +335,7 @@ def record_completion(
     upload = get_upload(session, project_id, upload_id, lock=True)
     if upload.status != UploadStatus.PENDING:
         require_pending(upload, "complete")
+    quotas.check(session, settings, project_id, {Quota.FILES: 1})
     file = register_client_file(
         session,
         settings,

@@ -21,15 +21,16 @@ from sqlalchemy.orm import Session
 from app.config import Settings
 from app.core.leases import BatchLease
 from app.core.sizes import too_large_message
-from app.core.states import BatchStatus
+from app.core.states import BatchStatus, BatchStep
 from app.db.models import Batch, File, Shard
 from app.db.session import session_scope
 from app.endpoints import canonical
 from app.schemas.batches import BatchError
-from app.services import batch_lease, enqueued, schedule
+from app.services import batch_lease, enqueued, schedule, step_share
 from app.services.batch_end import end_batch
 from app.services.batch_lease import Heartbeat
 from app.services.jsonl import scan_lines
+from app.services.media_urls import REFUSED_CODE, MediaRule, media_urls
 from app.storage import Storage, storage_of
 
 log = logging.getLogger("overnight.validation")
@@ -100,6 +101,7 @@ class LineChecker:
         # custom_id digests, not the strings: memory stays small however long the ids are.
         self._seen: dict[bytes, int] = {}
         self._model_errors: dict[str, tuple[str, str] | None] = {}
+        self._media = MediaRule.of(settings, remember=True)
 
     def check(self, line_no: int, raw: bytes) -> BatchError | None:
         try:
@@ -165,7 +167,9 @@ class LineChecker:
         if (problem := _require(line_no, "body.model", model, str)) is not None:
             return problem
         assert isinstance(model, str)
-        return self._check_model(line_no, model)
+        if (problem := self._check_model(line_no, model)) is not None:
+            return problem
+        return self._check_media(line_no, body)
 
     def _check_unique(self, line_no: int, custom_id: str) -> BatchError | None:
         digest = hashlib.blake2b(custom_id.encode("utf-8", "surrogatepass"), digest_size=16)
@@ -195,6 +199,13 @@ class LineChecker:
             self._model_errors[model] = self._model_problem(model)
         problem = self._model_errors[model]
         return None if problem is None else _error(*problem, line_no, "body.model")
+
+    def _check_media(self, line_no: int, body: dict[str, Any]) -> BatchError | None:
+        """A media URL a worker may not fetch fails the file here, before any fetch."""
+        refused = self._media.first_refusal(media_urls(body))
+        if refused is None:
+            return None
+        return _error(REFUSED_CODE, refused.message, line_no, f"body.{refused.param}")
 
     def _model_problem(self, model: str) -> tuple[str, str] | None:
         served = self.settings.served_model(model)
@@ -298,27 +309,28 @@ class InputFile:
 
 
 def claim_next(settings: Settings, owner: str) -> tuple[BatchLease, InputFile | None] | None:
-    """Takes the lease of the oldest `validating` batch nobody is validating.
+    """Takes the lease of the next `validating` batch nobody is validating: the oldest of the
+    project with the lowest validation clock (`step_share`), and moves that clock.
 
     Not one past its `expires_at`: the finalizer expires it as it is, with no request counted
     and no file (validating it now would only turn each line into a `batch_expired` one).
     """
     now = time.time()
     with session_scope(settings) as session:
+        waiting = Batch.status == BatchStatus.VALIDATING
+        candidates = select(Batch.id, Batch.lease_epoch).where(
+            waiting, Batch.expires_at > int(now), batch_lease.lease_is_free(settings, now)
+        )
         rows = session.execute(
-            select(Batch.id, Batch.lease_epoch)
-            .where(
-                Batch.status == BatchStatus.VALIDATING,
-                Batch.expires_at > int(now),
-                batch_lease.lease_is_free(settings, now),
-            )
-            .order_by(Batch.seq)
+            step_share.in_order(candidates, BatchStep.VALIDATION, settings.scheduler)
             .limit(8)
-            .with_for_update(skip_locked=True)
+            .with_for_update(skip_locked=True, of=Batch)
         ).all()
         for batch_id, epoch in rows:
             lease = batch_lease.take(session, batch_id, epoch, owner)
             if lease is not None:
+                step = BatchStep.VALIDATION
+                step_share.charge(session, step, batch_id, waiting, settings.scheduler)
                 return lease, _input_file(session, batch_id)
     return None
 

@@ -4,7 +4,8 @@ A tenant must not make the server probe its own network, so a host that resolves
 loopback, private, link-local or otherwise non-global address is refused unless
 `OVERNIGHT_WEBHOOK_ALLOW_PRIVATE` is set. Delivery connects to the very address it checked
 (the `Host` header and TLS name stay the URL's), so a name that changes its answer between
-the check and the connection (DNS rebinding) cannot redirect it.
+the check and the connection (DNS rebinding) cannot redirect it. The media URLs workers
+fetch are judged by the same rule (`app.services.media_urls`).
 """
 
 import ipaddress
@@ -36,21 +37,29 @@ class Target:
 
 def pin(url: str, allow_private: bool) -> Target:
     """The URL to connect to, after checking every address its host resolves to."""
-    parts = _parse(url)
+    parts = parse(url)
     host = parts.hostname or ""
-    addresses = _resolve(host, parts.port or (443 if parts.scheme == "https" else 80))
-    if not allow_private:
-        for address in addresses:
-            if not is_public(address):
-                raise TargetRefused(
-                    f"{host} resolves to {address}, a loopback or private address; such "
-                    "targets need OVERNIGHT_WEBHOOK_ALLOW_PRIVATE=1 on the server."
-                )
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    addresses = resolve_allowed(host, port, allow_private, "OVERNIGHT_WEBHOOK_ALLOW_PRIVATE")
     first = addresses[0]
     literal = f"[{first}]" if first.version == 6 else str(first)
     netloc = literal if parts.port is None else f"{literal}:{parts.port}"
     host_header = host if parts.port is None else f"{host}:{parts.port}"
     return Target(parts._replace(netloc=netloc).geturl(), host, host_header)
+
+
+def resolve_allowed(host: str, port: int, allow_private: bool, setting: str) -> list[IPAddress]:
+    """Every address `host` resolves to, refused if one is not public unless `allow_private`
+    (`setting` names the variable that allows them)."""
+    addresses = _resolve(host, port)
+    if not allow_private:
+        for address in addresses:
+            if not is_public(address):
+                raise TargetRefused(
+                    f"{host} resolves to {address}, a loopback or private address; such "
+                    f"targets need {setting}=1 on the server."
+                )
+    return addresses
 
 
 def is_public(address: IPAddress) -> bool:
@@ -80,7 +89,8 @@ def check_url(url: str, allow_private: bool) -> str:
     return url
 
 
-def _parse(url: str) -> SplitResult:
+def parse(url: str) -> SplitResult:
+    """An http(s) URL with a host and no user name or password, split."""
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018 - raises on a port that is not a number
@@ -89,14 +99,14 @@ def _parse(url: str) -> SplitResult:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise TargetRefused(f"{url!r} is not an http:// or https:// URL with a host.")
     if parts.username or parts.password:
-        raise TargetRefused("a webhook URL may not carry a user name or password.")
+        raise TargetRefused("the URL may not carry a user name or password.")
     return parts
 
 
 def _resolve(host: str, port: int) -> list[IPAddress]:
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except OSError as exc:
+    except (OSError, UnicodeError) as exc:  # UnicodeError: an empty or too long label
         raise TargetRefused(f"{host} does not resolve ({exc}).") from None
     addresses: list[IPAddress] = []
     for info in infos:

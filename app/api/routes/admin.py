@@ -1,5 +1,5 @@
-"""Admin endpoints: projects (their weights and enqueued limits), API keys, the schedule and
-the worker fleet (admin key required).
+"""Admin endpoints: projects (their weights, enqueued limits and quotas), API keys, the
+schedule and the worker fleet (admin key required).
 
 Each `uow.run` is one committed transaction.
 """
@@ -15,13 +15,15 @@ from app.schemas.admin import (
     CreatedApiKey,
     EnqueuedLimitsObject,
     ProjectObject,
+    ProjectQuotasObject,
     ScheduledBatchObject,
     UpdateEnqueuedLimitsRequest,
+    UpdateProjectQuotasRequest,
     UpdateProjectRequest,
     WorkerObject,
 )
 from app.schemas.common import ListObject
-from app.services import enqueued, keys, monitoring, schedule
+from app.services import enqueued, keys, monitoring, quotas, schedule
 
 router = APIRouter(prefix="/admin", tags=["admin"])
 
@@ -65,6 +67,28 @@ async def modify_project_limits(
     """Set a project's own enqueued token and request limits on a model (null: the default)."""
     body = await read_json(request, UpdateEnqueuedLimitsRequest)
     return await uow.run(enqueued.set_limits, settings, project, body)
+
+
+@router.get("/projects/{project}/quotas", operation_id="retrieveProjectQuotas")
+async def retrieve_project_quotas(
+    project: str, _admin: AdminDep, uow: UnitOfWorkDep, settings: SettingsDep
+) -> ProjectQuotasObject:
+    """A project's quotas (its own where set, else the deployment's) and what it holds."""
+    return await uow.run(quotas.project_quotas, settings, project)
+
+
+@router.post(
+    "/projects/{project}/quotas",
+    operation_id="modifyProjectQuotas",
+    openapi_extra=json_body_openapi(UpdateProjectQuotasRequest),
+)
+async def modify_project_quotas(
+    project: str, request: Request, _admin: AdminDep, uow: UnitOfWorkDep, settings: SettingsDep
+) -> ProjectQuotasObject:
+    """Set a project's own quotas: stored bytes, files, open uploads, unfinished batches (null:
+    the deployment's)."""
+    body = await read_json(request, UpdateProjectQuotasRequest)
+    return await uow.run(quotas.set_quotas, settings, project, body)
 
 
 @router.get("/schedule", operation_id="listSchedule")

@@ -40,7 +40,8 @@ async def add_upload_part(
     settings: SettingsDep,
     storage: StorageDep,
 ) -> UploadPartObject:
-    """Add a part (multipart `data`, a file part or a text field), streamed to storage."""
+    """Add a part (multipart `data`, a file part or a text field), streamed to storage; a part
+    that would take the upload past its declared `bytes` is refused as soon as it does."""
     intake = await uow.run(uploads.start_part, settings, storage, principal.project_id, upload_id)
     try:
         form = await read_multipart(
@@ -58,6 +59,7 @@ async def add_upload_part(
     return await uow.run_or_undo(
         partial(storage.delete, stored.key),
         uploads.record_part,
+        settings,
         principal.project_id,
         intake,
         stored,
