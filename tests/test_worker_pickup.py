@@ -23,7 +23,7 @@ from app.storage import storage_of
 from tests import batch_sim
 from tests.fake_engine import MODEL, FakeEngine, ThreadedWorker
 from worker.engine import EngineResult
-from worker.health import WorkerState
+from worker.health import HealthState
 
 
 class Recording(FakeEngine):
@@ -89,7 +89,7 @@ def idle_worker(settings: Settings, engine: FakeEngine) -> Iterator[ThreadedWork
     """A ready worker whose first claim, which found nothing, is behind it."""
     with ThreadedWorker(settings, engine) as worker:
         wait_for(
-            lambda: worker.worker is not None and worker.worker.health.state is WorkerState.READY
+            lambda: worker.worker is not None and worker.worker.health.state is HealthState.READY
         )
         time.sleep(0.5)
         yield worker

@@ -229,7 +229,7 @@ def test_online_arrivals_give_the_mean_gap() -> None:
 
 def test_the_batch_window_follows_online_traffic() -> None:
     from worker.backoff import BackoffPolicy, follow_online_traffic
-    from worker.traffic import OnlineTraffic, OnlineUsage
+    from worker.traffic import OnlineTraffic, UsageTally
 
     policy = BackoffPolicy(busy_window=2, quiet_seconds=0.1, regrow_seconds=0.05)
 
@@ -244,7 +244,7 @@ def test_the_batch_window_follows_online_traffic() -> None:
         await asyncio.sleep(0.02)
         seen.append(scheduler.window)
         traffic.started()
-        traffic.left("proj_a", True, OnlineUsage(requests=1, output_tokens=3))
+        traffic.left("proj_a", True, UsageTally(requests=1, output_tokens=3))
         await asyncio.sleep(0.05)
         seen.append(scheduler.window)  # still within the quiet period
         await asyncio.sleep(0.075)
@@ -252,7 +252,7 @@ def test_the_batch_window_follows_online_traffic() -> None:
         await asyncio.sleep(0.2)
         seen.append(scheduler.window)
         follower.cancel()
-        assert traffic.take_usage() == {"proj_a": OnlineUsage(requests=1, output_tokens=3)}
+        assert traffic.take_usage() == {"proj_a": UsageTally(requests=1, output_tokens=3)}
         return seen
 
     assert asyncio.run(scenario()) == [8, 2, 2, 4, 8]

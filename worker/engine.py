@@ -28,7 +28,7 @@ from app.endpoints import (
     canonical,
 )
 from app.logging import root_level_kept
-from worker.traffic import ONLINE_PROJECT, OnlineTraffic, OnlineUsage
+from worker.traffic import ONLINE_PROJECT, OnlineTraffic, UsageTally
 
 # Under `--scheduling-policy priority` batch requests run after every online request (vLLM
 # runs lower values first; online requests default to 0). A batch line's own positive
@@ -296,7 +296,7 @@ async def _tally(
     outputs: Any, traffic: OnlineTraffic, project: str, delta: bool
 ) -> AsyncIterator[Any]:
     traffic.arrived()
-    usage = OnlineUsage(requests=1)
+    usage = UsageTally(requests=1)
     started = False
     try:
         async with aclosing(outputs):
@@ -310,7 +310,7 @@ async def _tally(
         traffic.left(project, started, usage)
 
 
-def _count(usage: OnlineUsage, output: Any, delta: bool) -> None:
+def _count(usage: UsageTally, output: Any, delta: bool) -> None:
     """Token counts from a RequestOutput (or PoolingRequestOutput) as it streams."""
     usage.input_tokens = max(usage.input_tokens, len(output.prompt_token_ids or ()))
     cached = int(getattr(output, "num_cached_tokens", 0) or 0)

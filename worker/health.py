@@ -16,7 +16,7 @@ from pathlib import Path
 log = logging.getLogger("overnight.worker")
 
 
-class WorkerState(StrEnum):
+class HealthState(StrEnum):
     STARTING = "starting"  # loading the engine or preparing the database
     WAITING_FOR_DATABASE = "waiting_for_database"  # engine kept; no shard held
     READY = "ready"  # claiming and running shards
@@ -28,11 +28,11 @@ class Health:
     def __init__(self, worker_id: str, path: str | Path | None = None) -> None:
         self.worker_id = worker_id
         self.path = Path(path) if path else None
-        self.state = WorkerState.STARTING
+        self.state = HealthState.STARTING
         self.since = time.time()
         self._write("")
 
-    def set(self, state: WorkerState, detail: str = "") -> None:
+    def set(self, state: HealthState, detail: str = "") -> None:
         if state is self.state:
             return
         log.info("worker %s: %s%s", self.worker_id, state, f" ({detail})" if detail else "")

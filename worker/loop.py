@@ -34,7 +34,7 @@ from worker import claim, registry
 from worker.backoff import BackoffPolicy, follow_online_traffic
 from worker.engine import Engine, EngineDeadError
 from worker.finalizer import finalize_ready_batches
-from worker.health import Health, WorkerState
+from worker.health import Health, HealthState
 from worker.media_guard import MediaGuard
 from worker.outage import backoff, database_down, first_line, until_database
 from worker.scheduler import Job, Scheduler
@@ -119,9 +119,9 @@ class Worker:
         model = self.engine.served_names[0]
         registering = (registry.register, model, self.engine.configuration)
         if not await until_database(self.health, stop, self._db, *registering):
-            self.health.set(WorkerState.STOPPED)
+            self.health.set(HealthState.STOPPED)
             return 0
-        self.health.set(WorkerState.READY)
+        self.health.set(HealthState.READY)
         side = [
             asyncio.create_task(self._heartbeat(), name="heartbeat"),
             asyncio.create_task(self._finalizer(), name="finalizer"),
@@ -154,7 +154,7 @@ class Worker:
             if self._watch is not None:
                 self._watch.close()
             stopper.cancel()
-            self.health.set(WorkerState.DRAINING)
+            self.health.set(HealthState.DRAINING)
             await self._stop_runs()
             await self._finalize_now()
             for task in side:
@@ -164,7 +164,7 @@ class Worker:
                 await asyncio.to_thread(self._db, registry.stopped)
             except Exception as exc:
                 log.warning("could not record the worker's stop: %s", exc)
-        self.health.set(WorkerState.STOPPED, str(self._fatal or ""))
+        self.health.set(HealthState.STOPPED, str(self._fatal or ""))
         if self._fatal is not None:
             log.error("worker stopped: %s", self._fatal)
             return 1
@@ -178,7 +178,7 @@ class Worker:
         if self.scheduler.failure is not None:
             self._fatal = self.scheduler.failure
             return False
-        if self.health.state is not WorkerState.READY or time.monotonic() < self._claim_after:
+        if self.health.state is not HealthState.READY or time.monotonic() < self._claim_after:
             return False
         runs = self.active.values()
         return len(runs) < self.options.max_active_shards and all(r.fed_all.is_set() for r in runs)
@@ -286,7 +286,7 @@ class Worker:
         last_tokens, last_time = 0, time.monotonic()
         retries = backoff(cap=interval)
         while True:
-            waiting = self.health.state is WorkerState.WAITING_FOR_DATABASE
+            waiting = self.health.state is HealthState.WAITING_FOR_DATABASE
             await asyncio.sleep(next(retries) if waiting else interval)
             now = time.monotonic()
             tokens = self.scheduler.output_tokens
@@ -305,8 +305,8 @@ class Worker:
                 self._database_failed(exc, "the worker's heartbeat")
                 continue
             retries = backoff(cap=interval)
-            if self.health.state is WorkerState.WAITING_FOR_DATABASE:
-                self.health.set(WorkerState.READY, "the database answers again")
+            if self.health.state is HealthState.WAITING_FOR_DATABASE:
+                self.health.set(HealthState.READY, "the database answers again")
                 self._changed.set()
 
     def _database_failed(self, error: Exception, during: str) -> None:
@@ -317,8 +317,8 @@ class Worker:
             log.error("%s failed: stopping the worker", during, exc_info=error)
             self._fatal = self._fatal or error
             self._changed.set()
-        elif self.health.state is WorkerState.READY:
-            self.health.set(WorkerState.WAITING_FOR_DATABASE, first_line(error))
+        elif self.health.state is HealthState.READY:
+            self.health.set(HealthState.WAITING_FOR_DATABASE, first_line(error))
 
     async def _finalizer(self) -> None:
         while True:
@@ -345,7 +345,7 @@ async def work(
 ) -> int:
     """A worker process once its engine runs: wait for the database and its schema, then work."""
     if not await until_database(health, stop, upgrade, settings.sqlalchemy_url):
-        health.set(WorkerState.STOPPED)
+        health.set(HealthState.STOPPED)
         return 0
     return await Worker(settings, engine, options, health=health).run(stop)
 

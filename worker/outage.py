@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from worker.health import Health, WorkerState
+from worker.health import Health, HealthState
 
 FIRST_DELAY_SECONDS = 0.5
 MAX_DELAY_SECONDS = 5.0
@@ -62,7 +62,7 @@ async def until_database(
         except Exception as exc:
             if not database_down(exc):
                 raise
-            health.set(WorkerState.WAITING_FOR_DATABASE, first_line(exc))
+            health.set(HealthState.WAITING_FOR_DATABASE, first_line(exc))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), next(delays))
     return False

@@ -17,7 +17,7 @@ ONLINE_PROJECT: ContextVar[str | None] = ContextVar("overnight_online_project", 
 
 
 @dataclass
-class OnlineUsage:
+class UsageTally:
     """One project's online use since the last flush."""
 
     requests: int = 0
@@ -25,7 +25,7 @@ class OnlineUsage:
     cached_tokens: int = 0
     output_tokens: int = 0
 
-    def add(self, other: "OnlineUsage") -> None:
+    def add(self, other: "UsageTally") -> None:
         self.requests += other.requests
         self.input_tokens += other.input_tokens
         self.cached_tokens += other.cached_tokens
@@ -42,7 +42,7 @@ class OnlineTraffic:
         self.mean_gap: float | None = None  # seconds between recent arrivals, None before two
         self._last_arrival: float | None = None
         self.changed = asyncio.Event()
-        self._usage: defaultdict[str, OnlineUsage] = defaultdict(OnlineUsage)
+        self._usage: defaultdict[str, UsageTally] = defaultdict(UsageTally)
 
     @property
     def active(self) -> int:
@@ -71,7 +71,7 @@ class OnlineTraffic:
         self.waiting -= 1
         self.running += 1
 
-    def left(self, project: str, started: bool, usage: OnlineUsage) -> None:
+    def left(self, project: str, started: bool, usage: UsageTally) -> None:
         if started:
             self.running -= 1
         else:
@@ -81,12 +81,12 @@ class OnlineTraffic:
         self._usage[project].add(usage)
         self.changed.set()
 
-    def take_usage(self) -> dict[str, OnlineUsage]:
+    def take_usage(self) -> dict[str, UsageTally]:
         """What each project used since the last call (for the database)."""
-        taken, self._usage = dict(self._usage), defaultdict(OnlineUsage)
+        taken, self._usage = dict(self._usage), defaultdict(UsageTally)
         return taken
 
-    def give_back(self, usage: dict[str, OnlineUsage]) -> None:
+    def give_back(self, usage: dict[str, UsageTally]) -> None:
         """Usage a failed flush could not record: it goes with the next one."""
         for project, used in usage.items():
             self._usage[project].add(used)

@@ -21,7 +21,7 @@ from pydantic import field_validator
 
 from app.api.body import read_json
 from app.api.deps import AccessDep, PrincipalCacheDep, SettingsDep, StorageDep, UnitOfWorkDep
-from app.api.routes.batches import run_retry
+from app.api.retry import run_retry
 from app.api.unit_of_work import UnitOfWork
 from app.core.states import BatchStatus, WebhookEventType
 from app.dashboard import content, views

@@ -10,7 +10,7 @@ log = logging.getLogger("overnight.api")
 
 ItemT = TypeVar("ItemT", bound=BaseModel)
 
-Order = Literal["asc", "desc"]
+SortOrder = Literal["asc", "desc"]
 
 MIN_EXPIRES_AFTER_SECONDS = 3600
 MAX_EXPIRES_AFTER_SECONDS = 2_592_000

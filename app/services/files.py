@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 from app.db.models import File
 from app.errors import OpenAIError, not_found
 from app.ids import new_file_id
-from app.schemas.common import ListObject, Order
+from app.schemas.common import ListObject, SortOrder
 from app.schemas.files import UNDOWNLOADABLE_PURPOSES, FileObject, FileStatus
 from app.services.pagination import Pages, check_limit
 from app.storage import Storage, StoredObject
@@ -132,7 +132,7 @@ def list_files(
     *,
     purpose: str | None,
     limit: int,
-    order: Order,
+    order: SortOrder,
     after: str | None,
 ) -> ListObject[FileObject]:
     check_limit(limit, MAX_LIST_LIMIT)

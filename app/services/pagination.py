@@ -14,7 +14,7 @@ from sqlalchemy import ColumnElement, Integer, Select, bindparam, select
 from sqlalchemy.orm import Session
 
 from app.errors import OpenAIError
-from app.schemas.common import Order
+from app.schemas.common import SortOrder
 
 RowT = TypeVar("RowT")
 
@@ -65,9 +65,9 @@ class Pages:
         self._entities = query is None
         self._base = (select(model) if query is None else query).where(*scope, *visible)
         self._cursor = select(model.seq).where(*scope, model.id == bindparam("after"))
-        self._statements: dict[tuple[Order, bool], Select[*tuple[Any, ...]]] = {}
+        self._statements: dict[tuple[SortOrder, bool], Select[*tuple[Any, ...]]] = {}
 
-    def _statement(self, order: Order, after: bool) -> Select[*tuple[Any, ...]]:
+    def _statement(self, order: SortOrder, after: bool) -> Select[*tuple[Any, ...]]:
         stmt = self._statements.get((order, after))
         if stmt is None:
             seq = self._model.seq
@@ -87,7 +87,7 @@ class Pages:
         *,
         after: str | None,
         limit: int,
-        order: Order,
+        order: SortOrder,
     ) -> Page[Any]:
         """The page after the row `after` (exclusive); `params` are the bind values."""
         values = {**params, "after": after, "page_limit": limit + 1}

@@ -3,22 +3,18 @@
 Each `uow.run` is one committed transaction.
 """
 
-import asyncio
-from functools import partial
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 
 from app.api.body import json_body_openapi, read_json
 from app.api.deps import PrincipalDep, SettingsDep, StorageDep, UnitOfWorkDep
-from app.api.unit_of_work import UnitOfWork
-from app.config import Settings
+from app.api.retry import run_retry
 from app.schemas.admin import ScheduledBatchObject
 from app.schemas.batches import BatchObject, CreateBatchRequest, RetryBatchRequest
 from app.schemas.common import ListObject
-from app.services import batch_retry, batches, schedule
+from app.services import batches, schedule
 from app.services.housekeeping import FINALIZATION, VALIDATION, wake
-from app.storage import Storage
 
 router = APIRouter(tags=["batches"])
 
@@ -93,25 +89,3 @@ async def retry_batch(
     params = await read_json(request, RetryBatchRequest)
     scope = None if principal.is_admin else principal.project_id
     return await run_retry(uow, settings, storage, scope, batch_id, params.all)
-
-
-async def run_retry(
-    uow: UnitOfWork,
-    settings: Settings,
-    storage: Storage,
-    project_id: str | None,
-    batch_id: str,
-    include_all: bool,
-) -> BatchObject:
-    """The retry's three steps (the API's and the dashboard's): plan, write the input, create."""
-    plan = await uow.run(batch_retry.plan_retry, project_id, batch_id)
-    written = await asyncio.to_thread(batch_retry.write_retry_input, storage, plan, include_all)
-    batch = await uow.run_or_undo(
-        partial(storage.delete, written.stored.key),
-        batch_retry.create_retry,
-        settings,
-        plan,
-        written,
-    )
-    wake(settings, VALIDATION)
-    return batch

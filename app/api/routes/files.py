@@ -13,7 +13,7 @@ from app.api.multipart import (
     nest_brackets,
     read_multipart,
 )
-from app.schemas.common import ListObject, Order
+from app.schemas.common import ListObject, SortOrder
 from app.schemas.files import UPLOAD_PURPOSES, FileDeleted, FileObject
 from app.services import file_expiry, file_intake, files
 
@@ -69,7 +69,7 @@ async def list_files(
     uow: UnitOfWorkDep,
     purpose: str | None = None,
     limit: int = files.MAX_LIST_LIMIT,
-    order: Order = "desc",
+    order: SortOrder = "desc",
     after: str | None = None,
 ) -> ListObject[FileObject]:
     return await uow.run(
