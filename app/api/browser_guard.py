@@ -166,4 +166,4 @@ class BrowserGuardMiddleware:
         mode, though this process has not served a keyless request since."""
         sessions = read_session_factory(self.settings.sqlalchemy_url)
         with sessions(autobegin=False) as session:
-            return await UnitOfWork(session).run(access.is_open, self.settings)
+            return await UnitOfWork(session).run(access.recheck_open, self.settings)

@@ -75,7 +75,7 @@ FILE_PURPOSES = ("batch", "batch_output", "fine-tune", "vision", "user_data", "a
 
 async def _page(request: Request, uow: UnitOfWork, name: str, **context: Any) -> HTMLResponse:
     state = request.app.state
-    open_mode = await uow.run(state.access.is_open, state.settings)
+    open_mode = await uow.run(state.access.recheck_open, state.settings)
     return templates.TemplateResponse(
         request,
         name,

@@ -122,7 +122,8 @@ class Access:
         open for a while after a key appeared elsewhere, never the other way round."""
         return self._open
 
-    def is_open(self, session: Session, settings: Settings) -> bool:
+    def recheck_open(self, session: Session, settings: Settings) -> bool:
+        """Whether callers without a key still get in; a key found closes it for good."""
         if self._open and keys_configured(session, settings):
             self._open = False
         return self._open
@@ -136,7 +137,7 @@ class Access:
 
     def describe(self, session: Session, settings: Settings) -> str:
         """`open` or `keys_required`, for /readyz and the start-up banner."""
-        return "open" if self.is_open(session, settings) else "keys_required"
+        return "open" if self.recheck_open(session, settings) else "keys_required"
 
 
 def bearer_token(authorization: str | None) -> str | None:
@@ -162,7 +163,7 @@ def keyless_principal(
     session: Session, settings: Settings, access: Access, token: str | None
 ) -> Principal:
     """A caller whose token is no key: the default project in open mode, else a 401."""
-    if access.is_open(session, settings):
+    if access.recheck_open(session, settings):
         # Open mode: any token (the SDK insists on sending one) is the default project.
         return access.open_principal(session)
     if token is None:
