@@ -1,5 +1,8 @@
 """A real webhook receiver on loopback, for the webhook tests and the dashboard's."""
 
+import select
+import socket
+import socketserver
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -65,3 +68,104 @@ def running_receiver() -> Iterator[Receiver]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+@dataclass(frozen=True)
+class Stall:
+    """How a stalling receiver answers once it has read a request: `head`, then `chunk` every
+    `every` seconds until `for_seconds` have passed or the client has gone."""
+
+    head: bytes
+    chunk: bytes
+    every: float
+    for_seconds: float = 60.0
+
+
+# A status line, then a header one byte at a time: never a complete answer.
+DRIP = Stall(b"HTTP/1.1 200 OK\r\nx-drip: ", b"a", every=0.5)
+# A 500 whose body never ends: 64 KiB every 0.05 s (a client that reads it all takes in
+# 80 MB in the minute it lasts).
+FLOOD = Stall(b"HTTP/1.1 500 Oops\r\ncontent-length: 1000000000000\r\n\r\n", b"x" * 65536, 0.05)
+
+
+@dataclass
+class StallingReceiver:
+    """A real TCP server on loopback that never finishes an answer (see `Stall`)."""
+
+    url: str = ""
+    requests: int = 0
+    open: int = 0  # connections it is answering now
+    most_open: int = 0
+    sent: int = 0  # bytes of answers it got out
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def wait_for(self, count: int, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while self.requests < count:
+            assert time.monotonic() < deadline, f"{self.requests} of {count} requests"
+            time.sleep(0.02)
+
+
+@contextmanager
+def stalling_receiver(stall: Stall = DRIP) -> Iterator[StallingReceiver]:
+    state = StallingReceiver()
+    stop = threading.Event()
+
+    class Handler(socketserver.BaseRequestHandler):
+        def handle(self) -> None:
+            with state.lock:
+                state.open += 1
+                state.most_open = max(state.most_open, state.open)
+            try:
+                _read_request(self.request)
+                with state.lock:
+                    state.requests += 1
+                self._stall(self.request)
+            except OSError:
+                pass  # the client hung up
+            finally:
+                with state.lock:
+                    state.open -= 1
+
+        def _stall(self, sock: socket.socket) -> None:
+            self._send(sock, stall.head)
+            ends = time.monotonic() + stall.for_seconds
+            while time.monotonic() < ends and not stop.is_set():
+                readable, _, _ = select.select([sock], [], [], stall.every)
+                if readable and not sock.recv(1):
+                    return  # the client closed its side
+                self._send(sock, stall.chunk)
+
+        def _send(self, sock: socket.socket, data: bytes) -> None:
+            sock.sendall(data)
+            with state.lock:
+                state.sent += len(data)
+
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", free_port()), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    state.url = f"http://127.0.0.1:{server.server_address[1]}/hook"
+    try:
+        yield state
+    finally:
+        stop.set()
+        server.shutdown()
+        server.server_close()
+
+
+def _read_request(sock: socket.socket) -> None:
+    """Reads a request's head and its `content-length` bytes of body."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        more = sock.recv(65536)
+        if not more:
+            raise ConnectionError("the client hung up before its request was complete")
+        data += more
+    head, body = data.split(b"\r\n\r\n", 1)
+    lengths = [line for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")]
+    length = int(lengths[0].split(b":", 1)[1]) if lengths else 0
+    while len(body) < length:
+        more = sock.recv(65536)
+        if not more:
+            raise ConnectionError("the client hung up before its request was complete")
+        body += more

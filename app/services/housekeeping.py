@@ -2,7 +2,10 @@
 deliver webhooks, plan the schedule.
 
 Four loops run side by side so that a long finalization never delays the
-validation of a newly created batch, and a slow webhook receiver delays neither. Each wakes every
+validation of a newly created batch. Validation, finalization and the planner step on the
+default executor; the deliverer's pass only claims webhook deliveries and starts their
+attempts, which run on the senders' own slots and threads (`webhook_senders`), so no
+receiver, however slow, holds up the other loops or the next pass. Each wakes every
 `housekeeping_interval_seconds`, or at once when `wake()` is called (the create
 route wakes validation, the cancel route finalization). Every step is a
 lease-guarded, restartable unit, so any number of API replicas may run these
@@ -17,7 +20,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from app.config import Settings
 from app.db.session import session_scope
@@ -27,6 +30,7 @@ from app.services.schedule import replan
 from app.services.uploads import expire_uploads
 from app.services.validation import validate_pending
 from app.services.webhook_delivery import deliver_due
+from app.services.webhook_senders import senders
 from app.storage import storage_of
 from worker.chunk_cleanup import delete_leftover_chunks
 from worker.finalizer import finalize_ready_batches
@@ -113,15 +117,27 @@ async def housekeeping_loop(settings: Settings, stop: asyncio.Event) -> None:
     ]
     try:
         await asyncio.gather(
-            _repeat(settings, stop, validate_wake, lambda: _validate(settings, owner)),
-            _repeat(settings, stop, tidy_wake, lambda: tidy(settings, owner)),
-            _repeat(settings, stop, deliver_wake, lambda: deliver_due(settings, owner)),
-            _repeat(settings, stop, asyncio.Event(), lambda: plan(settings, owner), PLAN_SECONDS),
+            _repeat(settings, stop, validate_wake, _in_thread(_validate, settings, owner)),
+            _repeat(settings, stop, tidy_wake, _in_thread(tidy, settings, owner)),
+            _repeat(
+                settings, stop, deliver_wake, lambda: deliver_due(settings, owner, deliver_wake.set)
+            ),
+            _repeat(
+                settings, stop, asyncio.Event(), _in_thread(plan, settings, owner), PLAN_SECONDS
+            ),
         )
     finally:
         for undo in unregister:
             undo()
+        await senders(settings).drain()
         await asyncio.to_thread(_release_planner, settings, owner)
+
+
+def _in_thread(
+    step: Callable[[Settings, str], object], settings: Settings, owner: str
+) -> Callable[[], Awaitable[object]]:
+    """The step, run on the default executor at each call."""
+    return lambda: asyncio.to_thread(step, settings, owner)
 
 
 def _release_planner(settings: Settings, owner: str) -> None:
@@ -137,13 +153,13 @@ async def _repeat(
     settings: Settings,
     stop: asyncio.Event,
     wake_event: asyncio.Event,
-    step: Callable[[], object],
+    step: Callable[[], Awaitable[object]],
     at_least: float = 0.0,
 ) -> None:
     while not stop.is_set():
         wake_event.clear()
         try:
-            await asyncio.to_thread(step)
+            await step()
         except Exception:
             log.exception("housekeeping step failed; retrying at the next interval")
         await _sleep(stop, wake_event, max(settings.housekeeping_interval_seconds, at_least))

@@ -6,136 +6,103 @@ lock serializes claims), so a deliverer that dies mid-request leaves a lease tha
 the delivery is sent again: at least once, with the same `webhook-id` (the row's id) and
 the same body every time. A failed attempt is retried with exponential backoff until
 `webhook_retry_window_seconds` after the event.
+
+A pass claims only what the senders have room for (`webhook_senders`, and
+`webhook_sends_per_endpoint` per endpoint) and starts each attempt without waiting for it,
+so a slow receiver's deliveries stay pending in the table, unleased, while other endpoints'
+go out; the next pass (woken as each attempt ends) takes what is due then.
 """
 
+import asyncio
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass
 
-import httpx
-from sqlalchemy import or_, select
+from sqlalchemy import Select, or_, select
 from sqlalchemy.orm import Session
 
 from app.config import Settings
-from app.core import webhook_signing
 from app.core.states import DeliveryStatus, WebhookEventType
 from app.db.models import WebhookDelivery, WebhookEndpoint
 from app.db.session import session_scope
 from app.errors import OpenAIError
 from app.schemas.webhooks import WebhookEndpointTestResult
+from app.services.webhook_attempt import Attempt, Due, send
 from app.services.webhook_endpoints import find_endpoint, signing_secrets
 from app.services.webhook_outbox import event_body, new_delivery, new_event_id, new_webhook_id
-from app.services.webhook_targets import TargetRefused, pin
+from app.services.webhook_senders import Room, senders
 
 log = logging.getLogger("overnight.webhooks")
 
 CLAIMS_PER_PASS = 32
-SENDERS = 8
 MAX_BACKOFF_SECONDS = 3600.0
 TEST_BATCH_ID = "batch_test"
-_ERROR_CHARS = 500
 
 
-@dataclass(frozen=True)
-class Due:
-    """A claimed delivery: what to send, where, signed with what."""
-
-    id: str
-    url: str
-    body: str
-    signing_secrets: list[str]
-
-
-@dataclass(frozen=True)
-class Attempt:
-    status_code: int | None
-    error: str | None
-    latency_ms: float
-
-    @property
-    def ok(self) -> bool:
-        return self.status_code is not None and 200 <= self.status_code < 300
+async def deliver_due(settings: Settings, owner: str, then: Callable[[], None]) -> int:
+    """Starts an attempt at every due delivery there is room for, and waits for none of them;
+    `then` is called as each ends (a slot is free again). Returns how many it started."""
+    pool = senders(settings)
+    started = 0
+    while pool.free() > 0:
+        room = pool.reserve()
+        try:
+            claimed = await pool.in_thread(claim, settings, owner, time.time(), room)
+            for due in claimed:
+                pool.start(due.endpoint_id, _deliver(settings, owner, due, then))
+        finally:
+            pool.unreserve(room)
+        if not claimed:
+            break
+        started += len(claimed)
+    return started
 
 
-def deliver_due(settings: Settings, owner: str) -> int:
-    """Sends every delivery that is due now; returns how many were accepted."""
-    claimed = claim(settings, owner, time.time())
-    if not claimed:
-        return 0
-
-    def deliver(due: Due) -> bool:
-        attempt = send(settings, due)
-        record(settings, owner, due.id, attempt)
-        return attempt.ok
-
-    with ThreadPoolExecutor(max_workers=min(SENDERS, len(claimed))) as pool:
-        return sum(pool.map(deliver, claimed))
+async def _deliver(settings: Settings, owner: str, due: Due, then: Callable[[], None]) -> None:
+    try:
+        attempt = await send(settings, due)
+        await senders(settings).in_thread(record, settings, owner, due.id, attempt)
+    finally:
+        then()
 
 
-def claim(settings: Settings, owner: str, now: float) -> list[Due]:
-    """Leases up to `CLAIMS_PER_PASS` due deliveries of enabled endpoints, counting an attempt."""
+def claim(settings: Settings, owner: str, now: float, room: Room) -> list[Due]:
+    """Leases the due deliveries of enabled endpoints that `room` has slots for, oldest first,
+    counting an attempt; a delivery left out is not touched."""
     lease = 4 * settings.webhook_timeout_seconds + settings.lease_seconds
     with session_scope(settings) as session:
-        rows = session.execute(
-            select(WebhookDelivery, WebhookEndpoint)
-            .join(WebhookEndpoint, WebhookEndpoint.id == WebhookDelivery.endpoint_id)
-            .where(
-                WebhookDelivery.status == DeliveryStatus.PENDING,
-                WebhookDelivery.next_attempt_at <= now,
-                or_(
-                    WebhookDelivery.lease_expires_at.is_(None),
-                    WebhookDelivery.lease_expires_at < now,
-                ),
-                WebhookEndpoint.enabled.is_(True),
-            )
-            .order_by(WebhookDelivery.next_attempt_at)
-            .limit(CLAIMS_PER_PASS)
-            .with_for_update(skip_locked=True, of=WebhookDelivery)
-        ).all()
         claimed = []
-        for delivery, endpoint in rows:
+        for delivery, endpoint in session.execute(_due(now, room.full())).all():
+            if not room.take(endpoint.id):
+                continue
             delivery.lease_owner, delivery.lease_expires_at = owner, now + lease
             delivery.attempts += 1
             delivery.last_attempt_at = now
-            claimed.append(
-                Due(delivery.id, endpoint.url, delivery.body, signing_secrets(endpoint, now))
-            )
+            signing = signing_secrets(endpoint, now)
+            claimed.append(Due(delivery.id, endpoint.id, endpoint.url, delivery.body, signing))
         return claimed
 
 
-def send(settings: Settings, due: Due) -> Attempt:
-    """One signed POST, to the checked address of the URL's host, with a short timeout."""
-    start = time.monotonic()
-    body = due.body.encode()
-    try:
-        target = pin(due.url, settings.webhook_allow_private)
-        headers = {
-            **webhook_signing.headers(due.signing_secrets, due.id, int(time.time()), body),
-            "content-type": "application/json",
-            "host": target.host_header,
-            "user-agent": "overnight-webhooks",
-        }
-        with httpx.Client(timeout=settings.webhook_timeout_seconds) as http:
-            response = http.post(
-                target.url, content=body, headers=headers, extensions={"sni_hostname": target.host}
-            )
-    except (TargetRefused, httpx.HTTPError) as exc:
-        return Attempt(None, _describe(exc), _ms_since(start))
-    latency = _ms_since(start)
-    if 200 <= response.status_code < 300:
-        return Attempt(response.status_code, None, latency)
-    error = f"HTTP {response.status_code}: {response.text[:_ERROR_CHARS]}".strip()
-    return Attempt(response.status_code, error, latency)
-
-
-def _describe(exc: Exception) -> str:
-    text = str(exc) or type(exc).__name__
-    return text if isinstance(exc, TargetRefused) else f"{type(exc).__name__}: {text}"
-
-
-def _ms_since(start: float) -> float:
-    return round((time.monotonic() - start) * 1000, 1)
+def _due(now: float, full: list[str]) -> Select[WebhookDelivery, WebhookEndpoint]:
+    """Up to `CLAIMS_PER_PASS` unleased due deliveries, none to an endpoint in `full`."""
+    return (
+        select(WebhookDelivery, WebhookEndpoint)
+        .join(WebhookEndpoint, WebhookEndpoint.id == WebhookDelivery.endpoint_id)
+        .where(
+            WebhookDelivery.status == DeliveryStatus.PENDING,
+            WebhookDelivery.next_attempt_at <= now,
+            or_(
+                WebhookDelivery.lease_expires_at.is_(None),
+                WebhookDelivery.lease_expires_at < now,
+            ),
+            WebhookEndpoint.enabled.is_(True),
+            WebhookDelivery.endpoint_id.not_in(full),
+        )
+        .order_by(WebhookDelivery.next_attempt_at)
+        .limit(CLAIMS_PER_PASS)
+        .with_for_update(skip_locked=True, of=WebhookDelivery)
+    )
 
 
 def backoff_seconds(settings: Settings, attempts: int) -> float:
@@ -191,8 +158,23 @@ def prepare_test(
     now = time.time()
     event_id = new_event_id()
     body = event_body(event_id, event_type, int(now), TEST_BATCH_ID)
-    due = Due(new_webhook_id(), endpoint.url, body, signing_secrets(endpoint, now))
+    due = Due(new_webhook_id(), endpoint.id, endpoint.url, body, signing_secrets(endpoint, now))
     return TestEvent(endpoint.id, event_id, event_type, due, now)
+
+
+async def send_test(settings: Settings, test: TestEvent) -> Attempt:
+    """The test event's attempt in a slot of its endpoint's, all within one deadline: a
+    test of an endpoint whose slots stay taken fails then, as a silent receiver does."""
+    pool = senders(settings)
+    deadline = asyncio.get_running_loop().time() + settings.webhook_timeout_seconds
+    if not await pool.acquire(test.endpoint_id, deadline):
+        busy = f"{pool.per_endpoint} attempts to this endpoint (or {pool.total} in all) were"
+        waited = round(settings.webhook_timeout_seconds * 1000, 1)
+        return Attempt(None, f"TimeoutError: {busy} under way until the deadline", waited)
+    try:
+        return await send(settings, test.due, deadline)
+    finally:
+        pool.release(test.endpoint_id)
 
 
 def record_test(

@@ -5,7 +5,6 @@ lists another project's with `project` (its name). The deliveries list, `enabled
 `project` are ours. Each `uow.run` is one committed transaction.
 """
 
-import asyncio
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
@@ -136,7 +135,7 @@ async def test_endpoint(
     test = await uow.run(
         webhook_delivery.prepare_test, _scope(principal), webhook_endpoint_id, params.event_type
     )
-    attempt = await asyncio.to_thread(webhook_delivery.send, settings, test.due)
+    attempt = await webhook_delivery.send_test(settings, test)
     result = await uow.run(webhook_delivery.record_test, test, attempt)
     if result is None:
         raise webhook_delivery.unreachable(attempt)
