@@ -2,6 +2,7 @@
 
 import os
 import secrets
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -128,10 +129,15 @@ def reference(smollm2: Path, models_data_dir: Path) -> Iterator[Callable[[], lis
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Files with real-engine tests run first: they take longest, and one handed out last
-    would finish the run alone (each test process takes whole files)."""
-    engine_files = {item.path for item in items if item.get_closest_marker("engine")}
-    items.sort(key=lambda item: item.path not in engine_files)
+    """The files with the most real-engine tests run first, then the others, most tests
+    first: one long file handed out last would finish the run alone (each test process takes
+    whole files, two at a time, in this order: pyproject's `--no-loadscope-reorder`)."""
+    engine_tests: Counter[Path] = Counter()
+    tests: Counter[Path] = Counter()
+    for item in items:
+        tests[item.path] += 1
+        engine_tests[item.path] += item.get_closest_marker("engine") is not None
+    items.sort(key=lambda item: (-engine_tests[item.path], -tests[item.path], str(item.path)))
 
 
 def pytest_configure(config: pytest.Config) -> None:

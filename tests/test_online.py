@@ -317,7 +317,7 @@ def test_sigkill_with_online_and_batch_traffic_loses_nothing(online: Online, smo
         old.process.wait(10)
         stop.set()
         sender.join(30)
-        _, alive = psutil.wait_procs(engine, timeout=15)
+        _, alive = psutil.wait_procs(engine, timeout=60)
         assert not alive, f"orphaned engine processes: {[p.pid for p in alive]}"
         before = persisted(online.deployment.settings, batch_id)
         assert 8 <= len(before) < n

@@ -31,7 +31,7 @@ from app.db.models import (
 from app.db.session import engine_for, session_scope, upgrade
 from app.services import housekeeping, schedule, singleton_lease
 from app.services.auth import ensure_project
-from app.services.throughput import throughput_series
+from app.services.result_series import throughput_series
 from app.storage import storage_of
 from tests.batch_sim import store_input_file
 from tests.engine_fixtures import chat_line, jsonl, start_batch, wait_status, wait_until

@@ -446,7 +446,7 @@ def test_sigkill_mid_run_resumes_without_rerunning(local: Deployment, smollm2: P
         assert engine_processes, "the worker has no engine processes"
         os.kill(old.process.pid, signal.SIGKILL)
         old.process.wait(10)
-        _, alive = psutil.wait_procs(engine_processes, timeout=15)
+        _, alive = psutil.wait_procs(engine_processes, timeout=60)
         assert not alive, f"orphaned engine processes: {[p.pid for p in alive]}"
         before = persisted(local.settings, batch_id)
         assert 10 <= len(before) < 40

@@ -43,7 +43,7 @@ from app.services import batch_lease, step_share
 from app.services.batch_end import end_batch
 from app.services.batch_lease import Heartbeat
 from app.services.files import create_file_from_storage, file_storage_key
-from app.services.throughput import throughput_series
+from app.services.result_series import throughput_series
 from app.storage import Storage, StoredObject, Writer, storage_of
 from worker.chunk_cleanup import delete_chunks
 from worker.lost_objects import MissingInput, fail_batch, forget_chunks, input_lines, reopen

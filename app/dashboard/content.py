@@ -25,7 +25,7 @@ from app.services import (
 from app.services.batch_search import find_custom_id
 from app.services.files import open_file_content, preview_file
 from app.services.fleet import fleet
-from app.services.throughput import deployment_series, throughput_series
+from app.services.result_series import deployment_series, throughput_series
 from app.storage import Storage
 
 PAGE_SIZE = 100

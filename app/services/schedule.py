@@ -23,7 +23,7 @@ from app.db.models import Batch, BatchEstimate, Project, ProjectShare, Shard
 from app.errors import not_found
 from app.schemas.admin import ProjectObject, ScheduledBatchObject
 from app.services.auth import find_project
-from app.services.throughput import recent_results
+from app.services.result_series import recent_results
 
 # A model's speed is the work its workers finished over this many seconds.
 SPEED_WINDOW_SECONDS = 60.0
