@@ -2,7 +2,6 @@
 
 import os
 import secrets
-from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -126,18 +125,6 @@ def reference(smollm2: Path, models_data_dir: Path) -> Iterator[Callable[[], lis
     env = {**os.environ, **ENGINE_ENV}
     with answers_in_background(smollm2, models_data_dir / "reference", env) as answers:
         yield answers
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The files with the most real-engine tests run first, then the others, most tests
-    first: one long file handed out last would finish the run alone (each test process takes
-    whole files, two at a time, in this order: pyproject's `--no-loadscope-reorder`)."""
-    engine_tests: Counter[Path] = Counter()
-    tests: Counter[Path] = Counter()
-    for item in items:
-        tests[item.path] += 1
-        engine_tests[item.path] += item.get_closest_marker("engine") is not None
-    items.sort(key=lambda item: (-engine_tests[item.path], -tests[item.path], str(item.path)))
 
 
 def pytest_configure(config: pytest.Config) -> None:
