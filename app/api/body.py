@@ -8,7 +8,7 @@ import asyncio
 from typing import Any, TypeVar
 
 import orjson
-from fastapi import Request
+from fastapi import APIRouter, Request
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -109,11 +109,10 @@ async def read_json(request: Request, model: type[ModelT]) -> ModelT:
         raise validation_error([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]) from None
 
 
-def json_body_openapi(model: type[BaseModel]) -> dict[str, Any]:
-    """`openapi_extra` that documents a body read with `read_json`."""
-    return {
-        "requestBody": {
-            "required": True,
-            "content": {"application/json": {"schema": model.model_json_schema()}},
-        }
+def json_post(router: APIRouter, path: str, model: type[BaseModel], **route: Any) -> Any:
+    """A POST route whose body is `model`, read with `read_json` and documented as its schema."""
+    body = {
+        "required": True,
+        "content": {"application/json": {"schema": model.model_json_schema()}},
     }
+    return router.post(path, openapi_extra={"requestBody": body}, **route)

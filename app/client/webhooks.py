@@ -9,10 +9,10 @@ from typing import Any
 
 from app.client import output
 from app.client.connection import client
-from app.core.states import WebhookEventType
+from app.core.states import ALL_WEBHOOK_EVENTS
 
 # Any: the SDK types event names as a Literal of every OpenAI event, ours are four of them.
-ALL_EVENTS: list[Any] = [str(event) for event in WebhookEventType]
+ALL_EVENTS: list[Any] = ALL_WEBHOOK_EVENTS
 
 
 def _print_secret(endpoint: Any) -> None:

@@ -92,6 +92,10 @@ class WebhookEventType(StrEnum):
         return cls(f"batch.{status}")
 
 
+# Every event an endpoint can subscribe to, in the enum's order (forms, the CLI's choices).
+ALL_WEBHOOK_EVENTS = [str(event) for event in WebhookEventType]
+
+
 class DeliveryStatus(StrEnum):
     PENDING = "pending"  # not yet accepted; retried until the retry window closes
     DELIVERED = "delivered"  # the receiver answered 2xx

@@ -6,8 +6,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
+from app.dashboard import feeds, routes
 from app.dashboard.auth import COOKIE_PATH, LoginRequired, login_url
-from app.dashboard.routes import router
 
 STATIC = Path(__file__).parent / "static"
 
@@ -15,7 +15,8 @@ STATIC = Path(__file__).parent / "static"
 def install_dashboard(app: FastAPI) -> None:
     """Mounts the dashboard's pages, feeds and static files on `app`."""
     app.mount(f"{COOKIE_PATH}/static", StaticFiles(directory=STATIC), name="dashboard-static")
-    app.include_router(router)
+    app.include_router(routes.router)
+    app.include_router(feeds.router)
 
     @app.get("/", include_in_schema=False)
     def root() -> Response:

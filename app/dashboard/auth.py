@@ -7,7 +7,7 @@ the key logs its sessions out. With no keys configured the dashboard is open, as
 from typing import Annotated
 from urllib.parse import quote
 
-from fastapi import Depends, Request
+from fastapi import Depends, Request, Response
 from sqlalchemy.orm import Session
 
 from app.api.deps import AccessDep, SettingsDep, UnitOfWorkDep
@@ -35,6 +35,19 @@ def is_admin_key(session: Session, settings: Settings, access: Access, key: str 
     except OpenAIError:
         return False
     return principal.is_admin
+
+
+def set_login_cookie(response: Response, request: Request, key: str) -> None:
+    response.set_cookie(
+        COOKIE,
+        key,
+        httponly=True,
+        samesite="strict",
+        # The original request's: uvicorn takes X-Forwarded-Proto from trusted proxies
+        # (OVERNIGHT_FORWARDED_ALLOW_IPS).
+        secure=request.url.scheme == "https",
+        path=COOKIE_PATH,
+    )
 
 
 def login_url(next_url: str) -> str:

@@ -6,7 +6,7 @@ Each `uow.run` is one committed transaction.
 
 from fastapi import APIRouter, Request
 
-from app.api.body import json_body_openapi, read_json
+from app.api.body import json_post, read_json
 from app.api.deps import AdminDep, PrincipalCacheDep, SettingsDep, UnitOfWorkDep
 from app.schemas.admin import (
     ApiKeyObject,
@@ -34,11 +34,7 @@ async def list_projects(_admin: AdminDep, uow: UnitOfWorkDep) -> ListObject[Proj
     return ListObject.of(projects, has_more=False)
 
 
-@router.post(
-    "/projects/{project}",
-    operation_id="modifyProject",
-    openapi_extra=json_body_openapi(UpdateProjectRequest),
-)
+@json_post(router, "/projects/{project}", UpdateProjectRequest, operation_id="modifyProject")
 async def modify_project(
     project: str, request: Request, _admin: AdminDep, uow: UnitOfWorkDep
 ) -> ProjectObject:
@@ -56,10 +52,11 @@ async def list_project_limits(
     return ListObject.of(found, has_more=False)
 
 
-@router.post(
+@json_post(
+    router,
     "/projects/{project}/limits",
+    UpdateEnqueuedLimitsRequest,
     operation_id="modifyProjectLimits",
-    openapi_extra=json_body_openapi(UpdateEnqueuedLimitsRequest),
 )
 async def modify_project_limits(
     project: str, request: Request, _admin: AdminDep, uow: UnitOfWorkDep, settings: SettingsDep
@@ -77,10 +74,11 @@ async def retrieve_project_quotas(
     return await uow.run(quotas.project_quotas, settings, project)
 
 
-@router.post(
+@json_post(
+    router,
     "/projects/{project}/quotas",
+    UpdateProjectQuotasRequest,
     operation_id="modifyProjectQuotas",
-    openapi_extra=json_body_openapi(UpdateProjectQuotasRequest),
 )
 async def modify_project_quotas(
     project: str, request: Request, _admin: AdminDep, uow: UnitOfWorkDep, settings: SettingsDep
@@ -109,11 +107,7 @@ async def list_api_keys(
     return ListObject.of(found, has_more=False)
 
 
-@router.post(
-    "/api_keys",
-    operation_id="createApiKey",
-    openapi_extra=json_body_openapi(CreateApiKeyRequest),
-)
+@json_post(router, "/api_keys", CreateApiKeyRequest, operation_id="createApiKey")
 async def create_api_key(request: Request, _admin: AdminDep, uow: UnitOfWorkDep) -> CreatedApiKey:
     """Create a key for a project (created if new). The response holds the secret, once."""
     body = await read_json(request, CreateApiKeyRequest)

@@ -7,7 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 
-from app.api.body import json_body_openapi, read_json
+from app.api.body import json_post, read_json
 from app.api.deps import PrincipalDep, SettingsDep, StorageDep, UnitOfWorkDep
 from app.api.retry import run_retry
 from app.schemas.admin import ScheduledBatchObject
@@ -19,9 +19,7 @@ from app.services.housekeeping import FINALIZATION, VALIDATION, wake
 router = APIRouter(tags=["batches"])
 
 
-@router.post(
-    "/batches", response_model=BatchObject, openapi_extra=json_body_openapi(CreateBatchRequest)
-)
+@json_post(router, "/batches", CreateBatchRequest, response_model=BatchObject)
 async def create_batch(
     request: Request, uow: UnitOfWorkDep, settings: SettingsDep, principal: PrincipalDep
 ) -> BatchObject:
@@ -70,11 +68,12 @@ async def cancel_batch(
     return batch
 
 
-@router.post(
+@json_post(
+    router,
     "/batches/{batch_id}/retry",
+    RetryBatchRequest,
     response_model=BatchObject,
     operation_id="retryBatch",
-    openapi_extra=json_body_openapi(RetryBatchRequest),
 )
 async def retry_batch(
     batch_id: str,

@@ -8,7 +8,7 @@ from functools import partial
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
-from app.api.body import json_body_openapi, read_json
+from app.api.body import json_post, read_json
 from app.api.deps import PrincipalDep, SettingsDep, StorageDep, UnitOfWorkDep
 from app.api.multipart import (
     missing_part,
@@ -23,7 +23,7 @@ router = APIRouter(tags=["uploads"])
 _PART_FORM = multipart_openapi({"data": {"type": "string", "format": "binary"}}, ["data"])
 
 
-@router.post("/uploads", openapi_extra=json_body_openapi(UploadCreate))
+@json_post(router, "/uploads", UploadCreate)
 async def create_upload(
     request: Request, principal: PrincipalDep, uow: UnitOfWorkDep, settings: SettingsDep
 ) -> UploadObject:
@@ -66,7 +66,7 @@ async def add_upload_part(
     )
 
 
-@router.post("/uploads/{upload_id}/complete", openapi_extra=json_body_openapi(UploadComplete))
+@json_post(router, "/uploads/{upload_id}/complete", UploadComplete)
 async def complete_upload(
     upload_id: str,
     request: Request,

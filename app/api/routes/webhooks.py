@@ -9,7 +9,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 
-from app.api.body import json_body_openapi, read_json
+from app.api.body import json_post, read_json
 from app.api.deps import PrincipalDep, SettingsDep, UnitOfWorkDep
 from app.core.states import WebhookEventType
 from app.schemas.common import ListObject
@@ -40,10 +40,8 @@ async def list_event_types(_principal: PrincipalDep) -> WebhookEventTypeList:
     return WebhookEventTypeList(data=[str(t) for t in WebhookEventType])
 
 
-@router.post(
-    "/webhook_endpoints",
-    operation_id="createWebhookEndpoint",
-    openapi_extra=json_body_openapi(CreateWebhookEndpointRequest),
+@json_post(
+    router, "/webhook_endpoints", CreateWebhookEndpointRequest, operation_id="createWebhookEndpoint"
 )
 async def create_endpoint(
     request: Request, uow: UnitOfWorkDep, settings: SettingsDep, principal: PrincipalDep
@@ -73,10 +71,11 @@ async def retrieve_endpoint(
     return await uow.run(webhook_endpoints.get_endpoint, _scope(principal), webhook_endpoint_id)
 
 
-@router.post(
+@json_post(
+    router,
     "/webhook_endpoints/{webhook_endpoint_id}",
+    UpdateWebhookEndpointRequest,
     operation_id="updateWebhookEndpoint",
-    openapi_extra=json_body_openapi(UpdateWebhookEndpointRequest),
 )
 async def update_endpoint(
     webhook_endpoint_id: str,
@@ -101,10 +100,11 @@ async def delete_endpoint(
     return DeletedWebhookEndpoint(id=deleted)
 
 
-@router.post(
+@json_post(
+    router,
     "/webhook_endpoints/{webhook_endpoint_id}/rotate_secret",
+    RotateSecretRequest,
     operation_id="rotateWebhookEndpointSecret",
-    openapi_extra=json_body_openapi(RotateSecretRequest),
 )
 async def rotate_secret(
     webhook_endpoint_id: str, request: Request, uow: UnitOfWorkDep, principal: PrincipalDep
@@ -118,10 +118,11 @@ async def rotate_secret(
     )
 
 
-@router.post(
+@json_post(
+    router,
     "/webhook_endpoints/{webhook_endpoint_id}/test",
+    TestWebhookEndpointRequest,
     operation_id="testWebhookEndpoint",
-    openapi_extra=json_body_openapi(TestWebhookEndpointRequest),
 )
 async def test_endpoint(
     webhook_endpoint_id: str,
