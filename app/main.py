@@ -24,6 +24,7 @@ from app.metrics import install_metrics
 from app.services.auth import DEFAULT_PROJECT, Access, ensure_project
 from app.services.housekeeping import housekeeping_loop
 from app.services.principal_cache import PrincipalCache
+from app.services.stats import StatsReader
 
 log = logging.getLogger("overnight.api")
 
@@ -92,13 +93,14 @@ def create_app(settings: Settings | None = None, access: Access | None = None) -
     )
     app.state.settings = settings
     app.state.principals = PrincipalCache(settings.auth_cache_seconds)
+    app.state.stats = StatsReader(settings)
     install_openapi(app)
     install_error_handlers(app)
     for module in (files, uploads, batches, models, admin, webhooks):
         app.include_router(module.router, prefix="/v1")
     app.include_router(health.router)
     install_dashboard(app)
-    install_metrics(app, settings)
+    install_metrics(app, settings, app.state.stats)
     app.add_middleware(RejectNulMiddleware)
     app.add_middleware(BrowserGuardMiddleware, settings=settings)
     app.add_middleware(BodyTimeoutMiddleware, idle_seconds=settings.body_idle_timeout_seconds)

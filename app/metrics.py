@@ -28,28 +28,23 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.config import Settings
 from app.core.states import BatchStatus
-from app.db.session import session_scope
 from app.logging import ResponseWatch
 from app.schemas.admin import WorkerState
 from app.services import monitoring, online_usage
+from app.services.stats import StatsReader
 from app.version import overnight_version
 
 
 class DatabaseCollector(Collector):
     """Batches, queue depth, requests, tokens and workers, as the database has them."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, stats: StatsReader) -> None:
         self.settings = settings
+        self.stats = stats
 
     def collect(self) -> Iterator[Metric]:
-        lease = self.settings.lease_seconds
-        with session_scope(self.settings) as session:
-            totals = monitoring.totals(session)
-            workers = monitoring.list_workers(session, lease)
-            running = monitoring.running_batches(session)
-            durations = monitoring.batch_durations(session)
-            waits = monitoring.queue_waits(session)
-            online = online_usage.totals(session)
+        stats = self.stats.get()
+        totals, workers = stats.totals, stats.workers
         batches = GaugeMetricFamily("overnight_batches", "Batches by status.", labels=["status"])
         for status in BatchStatus:
             batches.add_metric([status], totals.batches_by_status.get(status, 0))
@@ -59,17 +54,17 @@ class DatabaseCollector(Collector):
         yield _histogram(
             "overnight_batch_duration_seconds",
             "Seconds from a batch's creation to its end, by model.",
-            durations,
+            stats.durations,
         )
         yield _histogram(
             "overnight_batch_queue_wait_seconds",
             "Seconds from a batch's creation until it was in progress, by model.",
-            waits,
+            stats.waits,
         )
         yield from _worker_metrics(workers)
         per_tenant = self.settings.metrics_per_batch
-        yield _throughput_metric(running, per_tenant)
-        yield from _online_metrics(online, per_tenant)
+        yield _throughput_metric(stats.running, per_tenant)
+        yield from _online_metrics(stats.online, per_tenant)
 
 
 # Labels that name a tenant's objects: shown only with `metrics_per_batch`, since
@@ -234,11 +229,11 @@ def _worker_metrics(workers: list[monitoring.WorkerView]) -> Iterator[Metric]:
 class Metrics:
     """One registry per app, so that several apps (tests) can live in one process."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, stats: StatsReader) -> None:
         # `_created` series tell Prometheus users nothing here and double the exposition.
         disable_created_metrics()
         self.registry = CollectorRegistry()
-        self.registry.register(DatabaseCollector(settings))
+        self.registry.register(DatabaseCollector(settings, stats))
         build = Info("overnight_build", "The running overnight build.", registry=self.registry)
         build.info({"version": overnight_version()})
         self.http_latency = Histogram(
@@ -281,8 +276,8 @@ def metrics_endpoint(request: Request) -> Response:
     return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
-def install_metrics(app: FastAPI, settings: Settings) -> None:
+def install_metrics(app: FastAPI, settings: Settings, stats: StatsReader) -> None:
     """Adds `/metrics` and the latency middleware to an app."""
-    app.state.metrics = Metrics(settings)
+    app.state.metrics = Metrics(settings, stats)
     app.include_router(router)
     app.add_middleware(HttpMetricsMiddleware, metrics=app.state.metrics)

@@ -22,6 +22,7 @@ from app.services.auth import ensure_project
 from app.services.batch_search import find_custom_id
 from app.services.files import preview_file
 from app.services.fleet import day_start
+from app.services.stats import read_stats
 from app.storage import Storage, storage_for
 from tests import batch_sim
 from worker import cli as worker_cli
@@ -230,7 +231,7 @@ def test_overview_queue_workers_tokens_and_series(db: Settings, storage: Storage
                 )
             )
     with session_scope(db) as session:
-        found = content.overview(session, lease_seconds=60)
+        found = content.overview(session, read_stats(session, lease_seconds=60))
         workers = {r["id"]: r for r in content.worker_rows(session, 60)}
     assert (found["workers_up"], found["workers_loading"], found["workers_stale"]) == (1, 1, 1)
     assert found["tokens_per_second"] == "12.5 tok/s"  # the one serving

@@ -9,6 +9,7 @@ from typing import Annotated
 
 from fastapi import Depends, Header, Request
 from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
 
 from app.api.unit_of_work import UnitOfWork
 from app.config import Settings
@@ -16,6 +17,7 @@ from app.db.session import read_session_factory, session_factory
 from app.errors import OpenAIError
 from app.services.auth import Access, Principal, bearer_token, key_principal, keyless_principal
 from app.services.principal_cache import PrincipalCache
+from app.services.stats import Stats, StatsReader
 from app.storage import Storage, storage_of
 
 
@@ -64,6 +66,15 @@ async def get_principal_cache(request: Request) -> PrincipalCache:
 
 
 PrincipalCacheDep = Annotated[PrincipalCache, Depends(get_principal_cache)]
+
+
+async def get_stats(request: Request) -> Stats:
+    """The deployment's figures (`app.services.stats`), read off the event loop."""
+    reader: StatsReader = request.app.state.stats
+    return await run_in_threadpool(reader.get)
+
+
+StatsDep = Annotated[Stats, Depends(get_stats)]
 
 
 async def get_principal(

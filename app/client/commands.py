@@ -3,7 +3,7 @@
 import argparse
 from typing import Any
 
-from app.client import batches, files, keys, projects, webhooks
+from app.client import batches, files, keys, projects, status, webhooks
 from app.client.connection import Command, add_connection_args, reports_errors
 from app.core.states import BatchStatus
 from app.services.auth import DEFAULT_PROJECT
@@ -170,9 +170,11 @@ def _webhooks(sub: Any) -> None:
 
 
 def register(sub: Any) -> None:
-    """Adds `batches`, `files`, `keys`, `projects` and `webhooks` to the `overnight` subparsers."""
+    """Adds `batches`, `files`, `keys`, `projects`, `webhooks` and `status` to the `overnight`
+    subparsers."""
     _batches(sub)
     _files(sub)
     _keys(sub)
     _projects(sub)
     _webhooks(sub)
+    _command(sub, "status", status.cmd_status, "the deployment at a glance (admin key)", json=True)

@@ -24,8 +24,8 @@ from app.services import (
 )
 from app.services.batch_search import find_custom_id
 from app.services.files import open_file_content, preview_file
-from app.services.fleet import fleet
 from app.services.result_series import deployment_series, throughput_series
+from app.services.stats import Stats
 from app.storage import Storage
 
 PAGE_SIZE = 100
@@ -152,9 +152,9 @@ def batches_page(session: Session, storage: Storage, query: BatchQuery) -> dict[
     return {**batch_rows(session, storage, query), "project_options": project_options(session)}
 
 
-def overview(session: Session, lease_seconds: float) -> dict[str, Any]:
-    now = time.time()
-    found = views.fleet_overview(fleet(session, lease_seconds))
+def overview(session: Session, stats: Stats) -> dict[str, Any]:
+    now = stats.taken_at
+    found = views.fleet_overview(stats.fleet)
     series = deployment_series(session, now - OVERVIEW_WINDOW_SECONDS, now)
     found["series"] = series
     found.update(views.chart_axes(series, clock="%H:%M"))

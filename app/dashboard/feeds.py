@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from app.api.body import read_json
-from app.api.deps import PrincipalCacheDep, SettingsDep, StorageDep, UnitOfWorkDep
+from app.api.deps import PrincipalCacheDep, SettingsDep, StatsDep, StorageDep, UnitOfWorkDep
 from app.api.retry import run_retry
 from app.core.states import WebhookEventType
 from app.dashboard import content, views
@@ -42,10 +42,8 @@ async def batches_feed(
 
 
 @router.get("/overview")
-async def overview_feed(
-    _login: ApiLogin, uow: UnitOfWorkDep, settings: SettingsDep
-) -> dict[str, Any]:
-    return await uow.run(content.overview, settings.lease_seconds)
+async def overview_feed(_login: ApiLogin, uow: UnitOfWorkDep, stats: StatsDep) -> dict[str, Any]:
+    return await uow.run(content.overview, stats)
 
 
 @router.get("/batches/{batch_id}")

@@ -17,7 +17,7 @@ from fastapi.responses import (
 from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, FileSystemLoader
 
-from app.api.deps import AccessDep, SettingsDep, StorageDep, UnitOfWorkDep
+from app.api.deps import AccessDep, SettingsDep, StatsDep, StorageDep, UnitOfWorkDep
 from app.api.unit_of_work import UnitOfWork
 from app.core.states import ALL_WEBHOOK_EVENTS, BatchStatus
 from app.dashboard import content
@@ -121,9 +121,9 @@ async def batches_page(
 
 @router.get("/overview", response_class=HTMLResponse)
 async def overview_page(
-    request: Request, _login: PageLogin, uow: UnitOfWorkDep, settings: SettingsDep
+    request: Request, _login: PageLogin, uow: UnitOfWorkDep, stats: StatsDep
 ) -> Response:
-    found = await uow.run(content.overview, settings.lease_seconds)
+    found = await uow.run(content.overview, stats)
     return await _page(request, uow, "overview.html", overview=found)
 
 

@@ -88,6 +88,13 @@ def session_scope(settings: Settings) -> Iterator[Session]:
 
 
 @contextmanager
+def read_scope(settings: Settings) -> Iterator[Session]:
+    """A unit of work that only reads (on SQLite it takes no write lock)."""
+    with read_session_factory(settings.sqlalchemy_url)() as session, session.begin():
+        yield session
+
+
+@contextmanager
 def one_statement_scope(settings: Settings) -> Iterator[Session]:
     """A session for one statement that is a whole transaction by itself (a claim).
 

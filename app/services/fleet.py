@@ -1,6 +1,5 @@
 """The deployment at a glance: work queued per model, workers by state, tokens today per project."""
 
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -47,14 +46,19 @@ def day_start(now: float) -> int:
     return int(day.timestamp())
 
 
-def fleet(session: Session, lease_seconds: float) -> Fleet:
-    now = time.time()
+def fleet(
+    session: Session,
+    totals: monitoring.Totals,
+    workers: list[monitoring.WorkerView],
+    today: int,
+) -> Fleet:
+    """The fleet from figures already read (`app.services.stats`), plus batch counts."""
     queues: dict[str, ModelQueue] = {}
 
     def queue(model: str | None) -> ModelQueue:
         return queues.setdefault(model or "", ModelQueue(model or ""))
 
-    for name, queued in monitoring.totals(session).queued_by_model.items():
+    for name, queued in totals.queued_by_model.items():
         queue(name).queued_requests = queued
     counts = select(Batch.model, Batch.status, func.count()).group_by(Batch.model, Batch.status)
     for model, status, n in session.execute(
@@ -65,19 +69,19 @@ def fleet(session: Session, lease_seconds: float) -> Fleet:
             q.validating_batches = int(n)
         else:
             q.running_batches = int(n)
-    workers: Counter[WorkerState] = Counter()
+    states: Counter[WorkerState] = Counter()
     rate = 0.0
-    for view in monitoring.list_workers(session, lease_seconds):
+    for view in workers:
         if view.state == WorkerState.STOPPED:
             continue
-        workers[view.state] += 1
+        states[view.state] += 1
         queue(view.worker.model).workers[view.state] += 1
         if view.state in SERVING_STATES:
             rate += view.worker.tokens_per_second
     return Fleet(
         sorted(queues.values(), key=lambda q: q.model),
-        workers,
-        tokens_today(session, day_start(now)),
+        states,
+        tokens_today(session, today),
         rate,
     )
 

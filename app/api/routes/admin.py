@@ -1,5 +1,5 @@
 """Admin endpoints: projects (their weights, enqueued limits and quotas), API keys, the
-schedule and the worker fleet (admin key required).
+schedule, the worker fleet and the deployment's figures (admin key required).
 
 Each `uow.run` is one committed transaction.
 """
@@ -7,7 +7,7 @@ Each `uow.run` is one committed transaction.
 from fastapi import APIRouter, Request
 
 from app.api.body import json_post, read_json
-from app.api.deps import AdminDep, PrincipalCacheDep, SettingsDep, UnitOfWorkDep
+from app.api.deps import AdminDep, PrincipalCacheDep, SettingsDep, StatsDep, UnitOfWorkDep
 from app.schemas.admin import (
     ApiKeyObject,
     ApiKeyRevoked,
@@ -23,7 +23,9 @@ from app.schemas.admin import (
     WorkerObject,
 )
 from app.schemas.common import ListObject
+from app.schemas.stats import StatsObject
 from app.services import enqueued, keys, monitoring, quotas, schedule
+from app.services.stats import stats_object
 
 router = APIRouter(prefix="/admin", tags=["admin"])
 
@@ -93,6 +95,12 @@ async def modify_project_quotas(
 async def list_schedule(_admin: AdminDep, uow: UnitOfWorkDep) -> ListObject[ScheduledBatchObject]:
     """Open batches in the order they are expected to be served, with their estimates."""
     return ListObject.of(await uow.run(schedule.schedule_objects), has_more=False)
+
+
+@router.get("/stats", operation_id="retrieveStats")
+async def retrieve_stats(_admin: AdminDep, stats: StatsDep) -> StatsObject:
+    """Batches by status, work queued per model, workers by state, tokens today per project."""
+    return stats_object(stats)
 
 
 @router.get("/api_keys", operation_id="listApiKeys")
