@@ -19,7 +19,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 import orjson
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
+
+from app.asgi import HttpMiddleware
 
 request_id_var: ContextVar[str | None] = ContextVar("request_id", default=None)
 
@@ -222,16 +224,10 @@ class ResponseWatch:
         return time.perf_counter() - self.started
 
 
-class AccessLogMiddleware:
+class AccessLogMiddleware(HttpMiddleware):
     """Binds the request id to the logging context and logs one line per request."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         token = request_id_var.set(scope.get("state", {}).get("request_id"))
         watch = ResponseWatch(send)
         try:

@@ -7,13 +7,14 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from app.api.body import BodyTimeoutMiddleware
 from app.api.browser_guard import BrowserGuardMiddleware
 from app.api.nul_bytes import RejectNulMiddleware
 from app.api.openapi import install_openapi
 from app.api.routes import admin, batches, files, health, models, uploads, webhooks
+from app.asgi import HttpMiddleware
 from app.config import Settings, get_settings
 from app.dashboard import install_dashboard
 from app.db.session import session_scope, upgrade
@@ -33,16 +34,10 @@ BackgroundLoop = Callable[[Settings, asyncio.Event], Coroutine[Any, Any, None]]
 BACKGROUND_LOOPS: list[BackgroundLoop] = [housekeeping_loop]
 
 
-class RequestIdMiddleware:
+class RequestIdMiddleware(HttpMiddleware):
     """Puts an `x-request-id` on every response, errors included."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         request_id = new_request_id()
         scope.setdefault("state", {})["request_id"] = request_id
 

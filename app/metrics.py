@@ -26,6 +26,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from app.asgi import HttpMiddleware
 from app.config import Settings
 from app.core.states import BatchStatus
 from app.logging import ResponseWatch
@@ -245,17 +246,14 @@ class Metrics:
         )
 
 
-class HttpMetricsMiddleware:
+class HttpMetricsMiddleware(HttpMiddleware):
     """Observes every request's latency, labelled by route template (not raw path)."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
-        self.app = app
+        super().__init__(app)
         self.metrics = metrics
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         watch = ResponseWatch(send)
         try:
             await self.app(scope, receive, watch.send)

@@ -14,6 +14,7 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.api.nul_bytes import check_json
+from app.asgi import HttpMiddleware
 from app.core.sizes import SizeLimit, too_large_message
 from app.errors import OpenAIError, validation_error
 
@@ -37,18 +38,15 @@ def client_disconnected() -> OpenAIError:
     )
 
 
-class BodyTimeoutMiddleware:
+class BodyTimeoutMiddleware(HttpMiddleware):
     """Ends a request whose body stalls: no bytes for `idle_seconds` is a 408, and the
     connection closes (uvicorn has no body timeout of its own)."""
 
     def __init__(self, app: ASGIApp, idle_seconds: float) -> None:
-        self.app = app
+        super().__init__(app)
         self.idle_seconds = idle_seconds
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         body_done = False
 
         async def receive_in_time() -> Message:
