@@ -1,4 +1,8 @@
-"""The `overnight` command: run the service, manage the database and API keys."""
+"""The `overnight` command: run the service, manage the database and API keys.
+
+`--version` and every `--help` answer without importing the service: each command imports
+what it needs when it runs (`tests/test_cli_speed.py` holds it to that).
+"""
 
 import argparse
 import ipaddress
@@ -10,19 +14,26 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from app.client import register as register_client_commands
-from app.config import Settings, get_settings
-from app.core.redaction import masked_url
-from app.db.session import session_scope, upgrade
-from app.offline import add_arguments as add_run_batch_arguments
-from app.version import overnight_version
+from app.offline.arguments import add_arguments as add_run_batch_arguments
+from app.version import __version__
 
 if TYPE_CHECKING:
+    from app.config import Settings
     from app.services.auth import Access
 
 Command = Callable[[argparse.Namespace], int]
 
+RUN_BATCH_VLLM_HELP = (
+    "Every other argument goes to vLLM, as with vLLM's run_batch (--max-model-len, --dtype, "
+    "--tensor-parallel-size, ...): `overnight run-batch --help=all` lists vLLM's engine "
+    "arguments, --help=<group> shows one group (e.g. --help=ModelConfig), --help=<word> "
+    "searches them."
+)
 
-def _settings(args: argparse.Namespace) -> Settings:
+
+def _settings(args: argparse.Namespace) -> "Settings":
+    from app.config import get_settings
+
     overrides = {
         key: value
         for key in ("host", "port", "data_dir")
@@ -48,8 +59,9 @@ def _is_loopback(host: str) -> bool:
             return False
 
 
-def check_bind_safety(settings: Settings) -> "Access":
+def check_bind_safety(settings: "Settings") -> "Access":
     """Decides open mode for this start; without API keys only loopback is allowed."""
+    from app.db.session import session_scope
     from app.services.auth import Access
 
     with session_scope(settings) as session:
@@ -74,6 +86,7 @@ def access_line(access: "Access") -> str:
 def cmd_api(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from app.db.session import upgrade
     from app.http_server import server_options
     from app.logging import configure_logging
     from app.main import create_app
@@ -98,6 +111,9 @@ def cmd_api(args: argparse.Namespace) -> int:
 
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
+    from app.core.redaction import masked_url
+    from app.db.session import upgrade
+
     settings = _settings(args)
     upgrade(settings.sqlalchemy_url)
     print(f"database at the newest schema: {masked_url(settings.sqlalchemy_url)}")
@@ -105,12 +121,13 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
 
 
 def cmd_run_batch(args: argparse.Namespace) -> int:
-    from app.offline import main as run_batch
+    from app.offline.runner import main as run_batch
 
     return run_batch(args, args.extra)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from app.db.session import upgrade
     from app.logging import configure_logging
     from app.supervisor import serve
 
@@ -145,7 +162,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="overnight", description=__doc__)
-    parser.add_argument("--version", action="version", version=f"overnight {overnight_version()}")
+    parser.add_argument("--version", action="version", version=f"overnight {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("serve", help="run the API and one worker per served model")
@@ -182,10 +199,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "run-batch",
         help="run one batch file offline, like vLLM's run_batch (vLLM arguments pass through)",
+        description="Run one batch file offline, as vLLM's run_batch does, checkpointed: rerun "
+        "the same command after a crash and it resumes.",
+        epilog=RUN_BATCH_VLLM_HELP,
     )
     add_run_batch_arguments(p)
     p.set_defaults(func=cmd_run_batch)
-    # Everything after `worker` goes to vLLM's own parser: `overnight worker --help` lists it all.
+    # Everything after `worker` goes to worker.cli: its own options, then vLLM's parser.
     p = sub.add_parser(
         "worker", help="run batch requests on an embedded vLLM engine", add_help=False
     )
@@ -212,7 +232,20 @@ def cmd_models_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_vllm_help(command: str, argv: Sequence[str]) -> None:
+    """`overnight run-batch --help=all|<group>|<word>`: vLLM's engine arguments, as vLLM
+    shows them (imports vLLM: seconds); exits."""
+    from worker.cli import vllm_parser
+
+    parser = vllm_parser()
+    parser.prog = f"overnight {command}"
+    parser.parse_args([arg for arg in argv if arg.startswith("--help=")])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["run-batch"] and any(arg.startswith("--help=") for arg in argv):
+        _print_vllm_help("run-batch", argv)
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra and args.command not in ("worker", "run-batch"):

@@ -113,6 +113,11 @@ class Settings(BaseSettings):
     project_max_open_uploads: int | None = Field(default=None, ge=0)
     project_max_unfinished_batches: int | None = Field(default=None, ge=0)
     models: list[ServedModel] = Field(default_factory=lambda: list(DEFAULT_MODELS))
+    # A name a worker announced (`--served-model-name`) is served too while a worker serving it
+    # was seen this recently: a batch sent while that worker restarts is taken, and waits.
+    served_model_memory_seconds: float = Field(default=24 * 3600, ge=0)
+    # Only `models` are served, with their listed endpoints; workers' other names are refused.
+    pin_models: bool = False
 
     lease_seconds: float = 30.0
     # Which runnable shard a worker takes next: `fair` (fair share by project weight, batches
@@ -152,6 +157,23 @@ class Settings(BaseSettings):
     webhook_retry_window_seconds: float = 72 * 3600
     webhook_senders: int = Field(default=16, ge=1)
     webhook_sends_per_endpoint: int = Field(default=2, ge=1)
+    # Retention (`app.services.retention`): what no API shows any more is removed this long
+    # after it ended. An ended batch keeps its Batch object and its files (until they
+    # expire); its shard, result-chunk and estimate rows go. Delivered or failed webhook
+    # deliveries; workers last seen this long ago (never sooner than
+    # served_model_memory_seconds); deleted or expired files' rows (a batch's stay) and ended
+    # uploads with their parts. Stored objects no row names go once this old, so a write whose
+    # row is not committed yet is never taken. One API replica at a time runs a pass every
+    # retention_interval_seconds, removing at most retention_rows_per_pass rows of each kind
+    # and looking at most at retention_objects_per_pass stored objects.
+    retention_batch_rows_seconds: float = Field(default=7 * 24 * 3600, ge=0)
+    retention_deliveries_seconds: float = Field(default=30 * 24 * 3600, ge=0)
+    retention_workers_seconds: float = Field(default=7 * 24 * 3600, ge=0)
+    retention_files_seconds: float = Field(default=7 * 24 * 3600, ge=0)
+    retention_orphan_seconds: float = Field(default=24 * 3600, ge=0)
+    retention_interval_seconds: float = Field(default=300.0, gt=0)
+    retention_rows_per_pass: int = Field(default=1000, ge=1)
+    retention_objects_per_pass: int = Field(default=10_000, ge=1)
 
     @model_validator(mode="after")
     def _check(self) -> "Settings":

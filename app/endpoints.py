@@ -1,6 +1,8 @@
-"""The OpenAI endpoints a batch line can target, named once for the API, the worker and the CLI."""
+"""The endpoints a batch line can target, named once for the API, the worker and the CLI."""
 
 CHAT = "/v1/chat/completions"
+# Anthropic's Messages API, answered by vLLM's Anthropic serving class.
+MESSAGES = "/v1/messages"
 COMPLETIONS = "/v1/completions"
 EMBEDDINGS = "/v1/embeddings"
 RESPONSES = "/v1/responses"
@@ -10,9 +12,19 @@ TRANSCRIPTIONS = "/v1/audio/transcriptions"
 TRANSLATIONS = "/v1/audio/translations"
 
 # What the worker executes; OpenAI's other batch endpoints are refused at create.
-SUPPORTED = (RESPONSES, CHAT, COMPLETIONS, EMBEDDINGS, SCORE, RERANK, TRANSCRIPTIONS, TRANSLATIONS)
+SUPPORTED = (
+    RESPONSES,
+    CHAT,
+    COMPLETIONS,
+    MESSAGES,
+    EMBEDDINGS,
+    SCORE,
+    RERANK,
+    TRANSCRIPTIONS,
+    TRANSLATIONS,
+)
 # What a generative (text-out) model answers; a pooling model POOLING, a speech model SPEECH.
-GENERATIVE = [CHAT, COMPLETIONS, RESPONSES]
+GENERATIVE = [CHAT, COMPLETIONS, RESPONSES, MESSAGES]
 POOLING = [EMBEDDINGS, SCORE, RERANK]
 SPEECH = [TRANSCRIPTIONS, TRANSLATIONS]
 

@@ -13,7 +13,16 @@ from app.api.body import BodyTimeoutMiddleware
 from app.api.browser_guard import BrowserGuardMiddleware
 from app.api.nul_bytes import RejectNulMiddleware
 from app.api.openapi import install_openapi
-from app.api.routes import admin, batches, files, health, models, uploads, webhooks
+from app.api.routes import (
+    admin,
+    batches,
+    files,
+    health,
+    message_batches,
+    models,
+    uploads,
+    webhooks,
+)
 from app.asgi import HttpMiddleware
 from app.config import Settings, get_settings
 from app.dashboard import install_dashboard
@@ -26,6 +35,7 @@ from app.services.auth import DEFAULT_PROJECT, Access, ensure_project
 from app.services.housekeeping import housekeeping_loop
 from app.services.principal_cache import PrincipalCache
 from app.services.stats import StatsReader
+from app.version import __version__
 
 log = logging.getLogger("overnight.api")
 
@@ -82,7 +92,7 @@ def create_app(settings: Settings | None = None, access: Access | None = None) -
 
     app = FastAPI(
         title="overnight",
-        version="0.1.0",
+        version=__version__,
         summary="A self-hosted OpenAI Batch API running on an embedded vLLM engine.",
         lifespan=lifespan,
     )
@@ -91,7 +101,7 @@ def create_app(settings: Settings | None = None, access: Access | None = None) -
     app.state.stats = StatsReader(settings)
     install_openapi(app)
     install_error_handlers(app)
-    for module in (files, uploads, batches, models, admin, webhooks):
+    for module in (files, uploads, batches, message_batches, models, admin, webhooks):
         app.include_router(module.router, prefix="/v1")
     app.include_router(health.router)
     install_dashboard(app)

@@ -1,10 +1,9 @@
-"""The running build's version: the installed package's, as `pip show overnight` has it."""
+"""overnight's version, in this one place: the package metadata (pyproject.toml's dynamic
+`version`), `overnight --version`, the API's OpenAPI document, the dashboard, the banner and
+`/metrics` all read it, and CHANGELOG.md's newest release names it."""
 
-from importlib.metadata import PackageNotFoundError, version
+__version__ = "0.1.0"
 
 
 def overnight_version() -> str:
-    try:
-        return version("overnight")
-    except PackageNotFoundError:  # a source tree on PYTHONPATH that was never installed
-        return "unknown (not installed)"
+    return __version__

@@ -3,9 +3,9 @@
     .venv/bin/python bench/bench_dtype.py [--requests 128] [--max-tokens 64]
         [--dtypes bfloat16,float32] [--model-dir FOLDER]
 
-The worker runs the bundled SmolLM2 in vLLM's default dtype, except in float32 where vLLM runs
-its AMX kernels (`worker.models.SMOLLM2_AMX_DTYPE`: in bfloat16 it answered badly there), and
-every model in float32 on an x86 CPU without bfloat16 instructions (`worker.cli.default_dtype`).
+The worker runs every model on CPU in the fastest dtype the CPU computes in natively
+(`worker.dtype`), the bundled SmolLM2 in float32 where vLLM runs its AMX kernels
+(`worker.models.SMOLLM2_AMX_DTYPE`: in bfloat16 it answered badly there).
 This prints the CPU's flags, the worker's pick, each dtype's tokens/s and ratio to the fastest,
 and how many of 24 capitals each dtype names, each in a cold child process, so that the pick
 can be checked on any machine.
@@ -71,8 +71,8 @@ def report(results: list[Result], picked: str, scores: dict[str, int]) -> None:
 
 
 def main() -> None:
-    from worker.cli import smollm2_dtype
-    from worker.models import ensure_converted
+    from worker.dtype import worker_dtype
+    from worker.models import SMOLLM2_AMX_DTYPE, ensure_converted
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=128)
@@ -89,7 +89,9 @@ def main() -> None:
         results.append(run_raw(model_dir, messages, args.max_tokens, work, dtype))
         scores[results[-1].dtype] = quiz(model_dir, work, dtype)
         print(f"  {dtype}: {results[-1].tokens} tokens in {results[-1].phase:.1f} s", flush=True)
-    report(results, smollm2_dtype(), scores)
+    picked = worker_dtype(None, SMOLLM2_AMX_DTYPE)
+    print(f"the worker's rule: {picked}")
+    report(results, picked.dtype, scores)
 
 
 if __name__ == "__main__":

@@ -46,11 +46,12 @@ from bench.bench_worker import (  # noqa: E402
 )
 from tests.harness import free_port  # noqa: E402
 from worker.backoff import MAX_QUIET_SECONDS  # noqa: E402
-from worker.cli import smollm2_dtype  # noqa: E402
+from worker.dtype import worker_dtype  # noqa: E402
+from worker.models import SMOLLM2_AMX_DTYPE  # noqa: E402
 
 ONLINE_MAX_TOKENS = 32
 # The worker's own dtype for SmolLM2 here, for the workers and raw LLM.chat alike.
-DTYPE = smollm2_dtype()
+DTYPE = worker_dtype(None, SMOLLM2_AMX_DTYPE).dtype
 # In (b) and (d) the online stream runs this long before the batch starts, uncounted: the
 # batch then meets online traffic already there (a first request after a long quiet meets the
 # full window instead, see the README).

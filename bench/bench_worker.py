@@ -531,7 +531,8 @@ def report(runs: dict[str, list[Result]]) -> None:
 
 
 def main() -> None:
-    from worker.cli import smollm2_dtype
+    from worker.dtype import worker_dtype
+    from worker.models import SMOLLM2_AMX_DTYPE
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=512)
@@ -541,7 +542,7 @@ def main() -> None:
     parser.add_argument("--skip-repetition", action="store_true")
     parser.add_argument(
         "--dtype",
-        default=smollm2_dtype(),
+        default=worker_dtype(None, SMOLLM2_AMX_DTYPE).dtype,
         help="dtype of (a), (b) and (c); (d) is the shipped default whatever this says "
         "(default: the one the shipped worker picks for SmolLM2 here; `auto` is vLLM's)",
     )

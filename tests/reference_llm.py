@@ -47,13 +47,14 @@ REFERENCE_CHATS: list[dict[str, Any]] = [
 def main(model: str, source: str, target: str) -> None:
     from vllm import LLM, SamplingParams
 
-    from worker.cli import smollm2_dtype
+    from worker.dtype import worker_dtype
+    from worker.models import SMOLLM2_AMX_DTYPE
 
     with open(source) as f:
         chats = json.load(f)
     # The dtype the worker picks for the bundled SmolLM2 on this machine: greedy texts are
     # equal only within one dtype.
-    dtype = smollm2_dtype()
+    dtype = worker_dtype(None, SMOLLM2_AMX_DTYPE).dtype
     llm = LLM(model=model, dtype=dtype, enforce_eager=True, max_model_len=2048)
     params = [
         SamplingParams(temperature=0, max_tokens=c["max_tokens"], stop=c.get("stop")) for c in chats

@@ -2,8 +2,11 @@
 
 import json
 import os
+import queue
+import re
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +17,7 @@ import pytest
 
 from app.cli import main
 from app.config import Settings
+from app.core.throughput import batch_throughput
 from tests.engine_fixtures import chat_line, jsonl, start_batch, wait_status
 from tests.fake_engine import FakeEngine, ThreadedWorker, fast
 from tests.harness import RunningServer, running_server
@@ -249,3 +253,62 @@ def test_the_first_key_keeps_open_mode_work_in_view(settings: Settings, tmp_path
     other = cli("keys", "create", "--project", "research", env=env, cwd=tmp_path)
     assert other.returncode == 0
     assert "what was made without keys is in project 'default'" in other.stderr
+
+
+def _follow(command: list[str], cwd: Path) -> tuple[subprocess.Popen[str], "queue.Queue[str]"]:
+    """The real command in its own process, its stderr lines readable as they come."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", *command],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=cwd,
+    )
+    lines: queue.Queue[str] = queue.Queue()
+    assert process.stderr is not None
+    stderr = process.stderr
+    threading.Thread(target=lambda: [lines.put(line) for line in stderr], daemon=True).start()
+    return process, lines
+
+
+def _next_line_with(lines: "queue.Queue[str]", text: str, timeout: float = 120) -> str:
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            line = lines.get(timeout=left)
+        except queue.Empty:
+            break
+        if text in line:
+            return line
+    raise AssertionError(f"no line with {text!r} in {timeout} s")
+
+
+def test_wait_says_waiting_for_a_worker_and_leaves_it_out_of_throughput(
+    server: RunningServer, sdk: openai.OpenAI, tmp_path: Path
+) -> None:
+    source = tmp_path / "first.jsonl"
+    source.write_bytes(jsonl([chat_line(f"w-{i}") for i in range(6)]))
+    submit = run(server, "batches", "submit", str(source), "--wait", "--interval", "0.2")
+    process, lines = _follow(submit, tmp_path)
+    try:
+        said = _next_line_with(lines, "waiting for a worker")
+        assert "no worker serves SmolLM2-135M-Instruct yet" in said
+        held = 3.0  # the engine's "first start": the batch is in progress, nothing serves it
+        time.sleep(held)
+        with ThreadedWorker(server.settings, FakeEngine()):
+            out, _ = process.communicate(timeout=300)
+    finally:
+        process.kill()
+    assert process.returncode == 0
+    batch = sdk.batches.list(limit=1).data[0]
+    assert batch.status == "completed" and batch.usage is not None
+    [row] = [line for line in out.splitlines() if line.startswith("throughput")]
+    found = re.search(r"([\d.]+) tok/s \(waited (\d+) s for a worker, left out\)", row)
+    assert found, row
+    rate, waited = float(found[1]), int(found[2])
+    # The CLI saw the batch waiting from the message on to past the hold, polling every 0.2 s.
+    assert waited >= held - 1
+    over_its_whole_run = batch_throughput(
+        batch, time.time(), input_tokens=0, output_tokens=batch.usage.output_tokens, completed=0
+    )
+    assert rate > over_its_whole_run.per_second

@@ -25,7 +25,12 @@ def test_models_list_and_retrieve(
         "endpoints",
     }
     assert {m["id"]: m["endpoints"] for m in raw["data"]} == {
-        "SmolLM2-135M-Instruct": ["/v1/chat/completions", "/v1/completions", "/v1/responses"],
+        "SmolLM2-135M-Instruct": [
+            "/v1/chat/completions",
+            "/v1/completions",
+            "/v1/responses",
+            "/v1/messages",
+        ],
         "all-MiniLM-L6-v2": ["/v1/embeddings", "/v1/score", "/v1/rerank"],
     }
     first = settings.models[0].name

@@ -16,88 +16,30 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import orjson
 import psutil
 import pytest
 
-from tests.harness import free_port
+from tests.serve_process import REPO, Served, serving, wait_until
 
-REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
-MODELS = {"SmolLM2-135M-Instruct", "all-MiniLM-L6-v2"}
-START_TIMEOUT = 900
 
 pytestmark = pytest.mark.engine
 
 
 def quickstart_blocks() -> list[tuple[str, str]]:
     text = README.read_text()
-    section = text[text.index("## Quick start") : text.index("## Architecture")]
+    section = text[text.index("## Quick start") :]
+    section = section[: section.index("\n## ", 1)]
     return re.findall(r"^```(bash|python)\n(.*?)^```", section, re.S | re.M)
-
-
-@dataclass
-class Served:
-    process: subprocess.Popen[bytes]
-    url: str
-    port: int
-    log: Path
-    workdir: Path
-    env: dict[str, str]
-
-    def workers(self) -> list[dict[str, object]]:
-        return list(httpx.get(f"{self.url}/v1/admin/workers", timeout=30).json()["data"])
-
-    def live_workers(self) -> dict[str, dict[str, object]]:
-        return {str(w["model"]): w for w in self.workers() if w["state"] in ("idle", "running")}
-
-
-def _wait(what: str, served: Served, condition: object, timeout: float = START_TIMEOUT) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():  # type: ignore[operator]
-        code = served.process.poll()
-        assert code is None, (
-            f"overnight serve exited with {code}:\n{served.log.read_text()[-5000:]}"
-        )
-        assert time.monotonic() < deadline, f"{what}:\n{served.log.read_text()[-5000:]}"
-        time.sleep(1)
 
 
 @pytest.fixture(scope="module")
 def served(models_data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    workdir = tmp_path_factory.mktemp("readme")
-    (workdir / ".venv").symlink_to(REPO / ".venv")
-    (workdir / "data").mkdir()
-    (workdir / "data" / "models").symlink_to(models_data_dir / "models")
-    port = free_port()
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith(("OVERNIGHT_", "OPENAI_", "VLLM_"))
-    }
-    env |= {"OVERNIGHT_PORT": str(port), "OVERNIGHT_LOG_FORMAT": "text"}
-    log = workdir / "serve.log"
-    overnight = Path(sys.executable).parent / "overnight"
-    with open(log, "wb") as out:
-        process = subprocess.Popen(
-            [str(overnight), "serve"], cwd=workdir, env=env, stdout=out, stderr=subprocess.STDOUT
-        )
-    running = Served(process, f"http://127.0.0.1:{port}", port, log, workdir, env)
-    try:
-        _wait("the banner", running, lambda: "Press Ctrl-C to stop." in log.read_text())
-        _wait("both workers", running, lambda: set(running.live_workers()) == MODELS)
+    with serving(tmp_path_factory.mktemp("readme"), models_data_dir) as running:
         yield running
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGINT)
-            try:
-                process.wait(60)
-            except subprocess.TimeoutExpired:
-                process.kill()
 
 
 def test_banner_shows_the_way_in(served: Served) -> None:
@@ -194,7 +136,7 @@ def test_a_killed_worker_is_replaced_then_ctrl_c_stops_all(served: Served) -> No
     while any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in engine):
         assert time.monotonic() < deadline, "the dead worker's engine processes survived"
         time.sleep(0.5)
-    _wait(
+    wait_until(
         "a new chat worker",
         served,
         lambda: (

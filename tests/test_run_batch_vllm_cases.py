@@ -26,10 +26,11 @@ import pytest
 from tests.engine_fixtures import ENGINE_ENV, REPO
 from tests.file_server import Files, serving_files
 from tests.tiny_whisper import build_tiny_whisper, tone_wav
-from worker.cli import smollm2_dtype
-from worker.models import minilm_dir
+from worker.dtype import worker_dtype
+from worker.models import SMOLLM2_AMX_DTYPE, minilm_dir
 
 pytestmark = pytest.mark.engine
+SMOLLM2_DTYPE = worker_dtype(None, SMOLLM2_AMX_DTYPE).dtype
 
 RUNNER = os.environ.get("OVERNIGHT_VLLM_CASES_RUNNER", "overnight")
 OURS = RUNNER == "overnight"
@@ -209,7 +210,7 @@ class Models:
             return ["--model", name, *flags]
         if name == CHAT_MODEL_NAME:
             # The dtype ours picks for the bundled SmolLM2 on this machine.
-            loaded = ["--model", str(self.chat_dir), "--dtype", smollm2_dtype()]
+            loaded = ["--model", str(self.chat_dir), "--dtype", SMOLLM2_DTYPE]
         else:
             loaded = ["--model", str(minilm_dir())]
         return [*loaded, "--served-model-name", name, *flags]

@@ -449,7 +449,7 @@ def big_queue(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
 @pytest.mark.parametrize("order", list(Order))
 def test_claim_plan_is_an_index_scan_at_100000_shards(big_queue: Engine, order: Order) -> None:
     statement = claim.claim_statement(order)
-    params = claim.claim_params("w", [MODEL], LEASE, time.time())
+    params = claim.claim_params("w", [MODEL], LEASE)
     with big_queue.connect() as conn:
         expanded = statement.compile(conn).construct_expanded_state(params)
         rows = conn.exec_driver_sql("EXPLAIN " + expanded.statement, expanded.parameters).all()

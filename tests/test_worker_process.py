@@ -13,7 +13,8 @@ import pytest
 
 from app.config import Settings
 from worker import models
-from worker.cli import cpu_default_dtype, parse, vllm_parser
+from worker.cli import parse
+from worker.dtype import worker_dtype
 
 OWNER = textwrap.dedent(
     """
@@ -81,45 +82,20 @@ def test_served_names_resolve_to_bundled_models(tmp_path: Path) -> None:
     assert args.model == str(converted), "the bundled SmolLM2 is the default"
 
 
-@pytest.mark.parametrize("amx", [True, False])
-def test_the_bundled_smollm2_runs_float32_only_where_vllm_runs_its_amx_kernels(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, amx: bool
-) -> None:
-    import torch
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu():
-        pytest.skip("the rule is for CPUs")
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+def test_the_worker_takes_the_dtype_rules_pick_for_every_name_of_a_model(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path, _env_file=None)  # type: ignore[call-arg]
     converted = _fake_converted(tmp_path)
-    cpu_default = cpu_default_dtype() or "auto"
+    # Each CPU kind's pick is tested in tests/test_dtype.py; here, that parse applies it.
+    smollm2 = worker_dtype(None, models.SMOLLM2_AMX_DTYPE)
     # Its served name, its bundled name and its converted folder by path are the same model.
     for model in ("SmolLM2-135M-Instruct", "bundled:smollm2", str(converted)):
         args, _ = parse(["--model", model], settings)
-        assert args.dtype == ("float32" if amx else cpu_default), model
+        assert (args.dtype, args.dtype_reason) == (smollm2.dtype, smollm2.reason), model
     args, _ = parse(["--model", "all-MiniLM-L6-v2"], settings)
-    assert args.dtype == cpu_default, "other models: the CPU's default"
-    args, _ = parse(["--model", "bundled:smollm2", "--dtype", "bfloat16"], settings)
-    assert args.dtype == "bfloat16", "an explicit --dtype wins"
-
-
-@pytest.mark.parametrize(
-    ("bf16", "amx", "dtype"),
-    [(False, False, "float32"), (True, False, "auto"), (False, True, "auto")],
-)
-def test_float32_where_the_cpu_has_no_bfloat16_instructions(
-    monkeypatch: pytest.MonkeyPatch, bf16: bool, amx: bool, dtype: str
-) -> None:
-    import torch
-    from vllm.platforms import CpuArchEnum, current_platform
-
-    if not current_platform.is_cpu() or current_platform.get_cpu_architecture() != CpuArchEnum.X86:
-        pytest.skip("the rule is for x86 CPUs")
-    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: bf16)
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
-    assert vllm_parser().parse_args([]).dtype == dtype
-    assert vllm_parser().parse_args(["--dtype", "bfloat16"]).dtype == "bfloat16"
+    here = worker_dtype(None)
+    assert (args.dtype, args.dtype_reason) == (here.dtype, here.reason), "other models"
+    args, _ = parse(["--model", "bundled:smollm2", "--dtype", "float16"], settings)
+    assert (args.dtype, args.dtype_reason) == ("float16", "given with --dtype")
 
 
 def test_every_vllm_engine_argument_passes_through(tmp_path: Path) -> None:

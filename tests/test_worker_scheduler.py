@@ -22,6 +22,9 @@ class Collector:
     def engine_failed(self, error: BaseException) -> None:
         self.failures.append(error)
 
+    async def leased(self) -> None:
+        return None
+
 
 def chat(content: str, system: str = "", **extra: Any) -> dict[str, Any]:
     messages = [{"role": "system", "content": system}] if system else []

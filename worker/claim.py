@@ -9,10 +9,10 @@ A claim is one conditional `UPDATE … WHERE id = (SELECT … LIMIT 1) RETURNING
 the inner select takes `FOR UPDATE SKIP LOCKED` so concurrent workers never wait on each
 other, on SQLite every transaction is already `BEGIN IMMEDIATE`. A claim bumps the shard's
 `lease_epoch`; every later write names that epoch and is refused once someone else holds a
-newer one (fencing).
+newer one (fencing). Lapses and expiry are judged by the database's clock
+(`app.services.lease`), never the worker's.
 """
 
-import time
 from collections.abc import Sequence
 from functools import cache
 from typing import Any
@@ -36,7 +36,9 @@ from app.core.leases import BatchState, ShardLease
 from app.core.progress import PROGRESS_FIELDS, Progress
 from app.core.schedule import Order, work_of
 from app.core.states import BatchStatus, ShardStatus
+from app.db.clock import db_now
 from app.db.models import Batch, File, ProjectShare, ResultChunk, Shard
+from app.services import lease as leases
 from app.services.schedule import record_work
 
 # The best batches a claim looks at: enough that claims racing for the same shards skip
@@ -48,7 +50,10 @@ def _claimable() -> ColumnElement[bool]:
     """A shard anyone may take: pending, or running under a lease that lapsed."""
     return or_(
         Shard.status == ShardStatus.PENDING,
-        and_(Shard.status == ShardStatus.RUNNING, Shard.heartbeat_at < bindparam("lapsed_before")),
+        and_(
+            Shard.status == ShardStatus.RUNNING,
+            leases.lapsed(Shard.heartbeat_at, bindparam("lease_seconds")),
+        ),
     )
 
 
@@ -78,7 +83,7 @@ def _candidates(order: Order) -> Select[Any]:
         .where(
             Batch.status == BatchStatus.IN_PROGRESS,
             Batch.model.in_(bindparam("models", expanding=True)),
-            Batch.expires_at > bindparam("unexpired_after"),
+            Batch.expires_at > db_now(),
             exists().where(Shard.batch_id == Batch.id, claimable),
         )
         .order_by(*_batch_order(order))
@@ -118,7 +123,7 @@ def claim_statement(order: Order) -> ReturningUpdate[*tuple[Any, ...]]:
             lease_owner=bindparam("owner"),
             last_owner=bindparam("owner"),
             lease_epoch=Shard.lease_epoch + 1,
-            heartbeat_at=bindparam("now"),
+            heartbeat_at=leases.stamp(),
             attempts=Shard.attempts + 1,
         )
         .returning(  # named as ShardLease's fields
@@ -137,17 +142,9 @@ def claim_statement(order: Order) -> ReturningUpdate[*tuple[Any, ...]]:
     )
 
 
-def claim_params(
-    owner: str, models: Sequence[str], lease_seconds: float, now: float
-) -> dict[str, Any]:
-    """The claim statement's parameters for `owner`, serving `models`, at `now`."""
-    return {
-        "owner": owner,
-        "models": list(models),
-        "now": now,
-        "lapsed_before": now - lease_seconds,
-        "unexpired_after": int(now),
-    }
+def claim_params(owner: str, models: Sequence[str], lease_seconds: float) -> dict[str, Any]:
+    """The claim statement's parameters for `owner`, serving `models`."""
+    return {"owner": owner, "models": list(models), "lease_seconds": lease_seconds}
 
 
 def claim_shard(
@@ -158,7 +155,7 @@ def claim_shard(
     order: Order = Order.FAIR,
 ) -> ShardLease | None:
     """Take the best runnable shard in `order`."""
-    params = claim_params(owner, models, lease_seconds, time.time())
+    params = claim_params(owner, models, lease_seconds)
     row = session.execute(claim_statement(order), params).one_or_none()
     return None if row is None else ShardLease(owner=owner, **row._mapping)
 
@@ -192,29 +189,27 @@ def checkpoint(
     of two holders closing a batch's last two shards at once, the second sees the first's
     and exactly one learns that its shard was the last.
     """
-    now = time.time()
     if done:
         session.execute(select(Batch.id).where(Batch.id == lease.batch_id).with_for_update())
     added = (progress or Progress()).values()
     status = ShardStatus.DONE if done else ShardStatus.PENDING if release else ShardStatus.RUNNING
-    renewed = session.execute(
+    now = session.execute(
         update(Shard)
         .where(
             Shard.id == lease.shard_id,
-            Shard.lease_epoch == lease.epoch,
-            Shard.lease_owner == lease.owner,
+            leases.held(Shard.lease_owner, lease.owner, Shard.lease_epoch, lease.epoch),
             Shard.status == ShardStatus.RUNNING,
         )
         .values({name: getattr(Shard, name) + added[name] for name in PROGRESS_FIELDS})
         .values(
-            heartbeat_at=now,
+            heartbeat_at=leases.stamp(),
             status=status,
             lease_owner=lease.owner if status == ShardStatus.RUNNING else None,
         )
-        .returning(Shard.id)
+        .returning(Shard.heartbeat_at)  # the database's now
         .execution_options(synchronize_session=False)
     ).scalar_one_or_none()
-    if renewed is None:
+    if now is None:
         return None
     if chunk is not None:
         sequence, key, lines = chunk
@@ -239,4 +234,4 @@ def checkpoint(
     last = done and not session.scalar(
         select(exists().where(Shard.batch_id == lease.batch_id, Shard.status != ShardStatus.DONE))
     )
-    return BatchState(batch_status, expires_at, last_shard=bool(last))
+    return BatchState(batch_status, expires_at, checked_at=now, last_shard=bool(last))

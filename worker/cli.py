@@ -5,6 +5,8 @@ every other argument goes to vLLM's own parser (`FlexibleArgumentParser` with
 `AsyncEngineArgs.add_cli_args` and the OpenAI frontend's arguments).
 """
 
+from __future__ import annotations
+
 import argparse
 import logging
 import sys
@@ -12,11 +14,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from app.config import Settings
-from app.logging import is_text
+from worker.dtype import worker_dtype
 from worker.models import (
     BUNDLED_NAMES,
-    SMOLLM2_AMX_DTYPE,
     ModelNotFoundError,
     is_bundled,
     resolve,
@@ -26,6 +26,7 @@ from worker.models import (
 )
 
 if TYPE_CHECKING:
+    from app.config import Settings
     from worker.backoff import BackoffPolicy
 
 DEFAULT_MODEL = "bundled:smollm2"
@@ -76,6 +77,12 @@ def own_parser() -> argparse.ArgumentParser:
         dest="prefix_grouping",
         action="store_false",
         help="submit requests in input order (default: grouped by shared prompt prefix)",
+    )
+    parser.add_argument(
+        "--lora-dir",
+        help="serve each sub-folder of this folder holding a LoRA adapter of the model "
+        "(adapter_config.json) under the folder's name, loaded when a line first names it; "
+        "implies --enable-lora",
     )
     parser.add_argument(
         "--submission-log",
@@ -154,8 +161,6 @@ def vllm_parser(progress_bars: bool = True) -> argparse.ArgumentParser:
     if _on_cpu():
         # torch.compile needs a C++ toolchain and minutes of start-up for a small gain on CPU.
         parser.set_defaults(enforce_eager=True)
-    if (dtype := cpu_default_dtype()) is not None:
-        parser.set_defaults(dtype=dtype)
     return parser
 
 
@@ -163,42 +168,6 @@ def _on_cpu() -> bool:
     from vllm.platforms import current_platform
 
     return bool(current_platform.is_cpu())
-
-
-def cpu_default_dtype() -> str | None:
-    """float32 on an x86 CPU with no bfloat16 instructions (AVX512-BF16 or AMX), else vLLM's own
-    default (None). Without them vLLM's CPU kernels emulate 16-bit matmuls: SmolLM2 generated
-    17 tokens/s in bfloat16 and 134 in float32 on an AVX2-only EPYC (`--dtype` overrides)."""
-    import torch
-    from vllm.platforms import CpuArchEnum, current_platform
-
-    if not _on_cpu() or current_platform.get_cpu_architecture() != CpuArchEnum.X86:
-        return None
-    if torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported():
-        return None
-    return "float32"
-
-
-def default_dtype(amx_dtype: str | None = None) -> str:
-    """The dtype a worker runs a model in without `--dtype`: the model's own where vLLM runs its
-    AMX kernels, if it has one (`worker.models.SMOLLM2_AMX_DTYPE`), else the CPU's default, else
-    vLLM's (`auto`)."""
-    if amx_dtype is not None and _runs_amx_kernels():
-        return amx_dtype
-    return cpu_default_dtype() or "auto"
-
-
-def smollm2_dtype() -> str:
-    """The dtype a worker picks for the bundled SmolLM2 on this machine (tests and benches
-    compare with vLLM in it: greedy texts are equal only within one dtype)."""
-    return default_dtype(SMOLLM2_AMX_DTYPE)
-
-
-def _runs_amx_kernels() -> bool:
-    import torch
-
-    # The check vLLM makes before it picks its AMX attention and small-GEMM kernels.
-    return _on_cpu() and bool(torch.cpu._is_amx_tile_supported())
 
 
 def split_model(argv: Sequence[str]) -> tuple[str | None, list[str]]:
@@ -214,8 +183,9 @@ def prepare_args(
     """Resolve bundled models and fill the served name (and dtype) the deployment expects."""
     source = source_of(args.model, settings.models)
     resolved = resolve(source, settings.data_dir)
-    if not dtype_given:
-        args.dtype = default_dtype(resolved.amx_dtype)
+    choice = worker_dtype(args.dtype if dtype_given else None, resolved.amx_dtype)
+    args.dtype, args.dtype_reason = choice.dtype, choice.reason
+    log.info("dtype %s", choice)
     named = is_bundled(source) or source != args.model
     if named and not args.served_model_name:
         served = settings.served_model(args.model)
@@ -242,6 +212,8 @@ def parse(argv: Sequence[str] | None, settings: Settings) -> tuple[argparse.Name
         settings = settings.model_copy(update={"data_dir": Path(ours.data_dir)})
     # Before vLLM (and with it huggingface_hub, which reads the variable once) is imported.
     stay_offline_for(source_of(ours.model, settings.models))
+    from app.logging import is_text
+
     args = vllm_parser(progress_bars=is_text(settings.log_format)).parse_args(rest)
     if ours.online_port is not None and not _given(rest, "--scheduling-policy"):
         # Online requests first: vLLM's scheduler admits lower priority values first.
@@ -300,7 +272,7 @@ async def serve(args: argparse.Namespace, settings: Settings) -> int:
                 await server.stop()
 
 
-def _backoff(args: argparse.Namespace, engine: Any) -> "BackoffPolicy":
+def _backoff(args: argparse.Namespace, engine: Any) -> BackoffPolicy:
     """How far the batch window shrinks while online requests are in the engine."""
     from worker.backoff import BackoffPolicy
 
@@ -315,7 +287,7 @@ def _backoff(args: argparse.Namespace, engine: Any) -> "BackoffPolicy":
     )
 
 
-def _online_socket(args: argparse.Namespace, settings: Settings) -> "tuple[Any, Any] | None":
+def _online_socket(args: argparse.Namespace, settings: Settings) -> tuple[Any, Any] | None:
     """The online API's access decision and bound socket, or None when it is off."""
     if args.online_port is None:
         return None
@@ -337,6 +309,9 @@ def _online_server(engine: Any, settings: Settings, access: Any, sock: Any) -> A
 
 def main(argv: Sequence[str] | None = None, settings: Settings | None = None) -> int:
     """`overnight worker [MODEL] [options] [vLLM engine arguments]`; returns the exit code."""
+    if {"-h", "--help"} & set(sys.argv[1:] if argv is None else argv):
+        own_parser().print_help()  # at once: no engine, settings or database to import for it
+        return 0
     import asyncio
 
     from app.config import get_settings, reserve_cpu_kv_cache

@@ -19,6 +19,7 @@ from app.endpoints import (
     CHAT,
     COMPLETIONS,
     EMBEDDINGS,
+    MESSAGES,
     RERANK,
     RESPONSES,
     SCORE,
@@ -28,6 +29,9 @@ from app.endpoints import (
     canonical,
 )
 from app.logging import root_level_kept
+from app.schemas.models import ANNOUNCEMENT_KEY, Announcement
+from worker.adapters import ADAPTER_LOAD_FAILED
+from worker.engine_lora import adapter_folder, adapter_rule, announced_adapters
 from worker.traffic import ONLINE_PROJECT, OnlineTraffic, UsageTally
 
 # Under `--scheduling-policy priority` batch requests run after every online request (vLLM
@@ -141,6 +145,7 @@ def _routes(state: Any, args: Namespace) -> dict[str, Route]:
         routes[RESPONSES] = Route(
             ResponsesRequest.model_validate, responses.create_responses, "resp_{}", "resp_{}_0"
         )
+    routes.update(_messages_routes(state))
     if embedding is not None:
         routes[EMBEDDINGS] = Route(
             TypeAdapter(EmbeddingRequest).validate_python, embedding, "{}", "embd-{}"
@@ -150,6 +155,17 @@ def _routes(state: Any, args: Namespace) -> dict[str, Route]:
         routes[RERANK] = Route(RerankRequest.model_validate, scores, "{}", "score-{}")
     routes.update(_speech_routes(state, args))
     return routes
+
+
+def _messages_routes(state: Any) -> dict[str, Route]:
+    """Anthropic's Messages API: vLLM converts it to a chat completion (`chatcmpl-` ids)."""
+    messages = getattr(state, "anthropic_serving_messages", None)
+    if messages is None:
+        return {}
+    from worker.messages_route import BatchMessagesRequest, messages_server
+
+    serve = messages_server(messages)
+    return {MESSAGES: Route(BatchMessagesRequest.model_validate, serve, "{}", "chatcmpl-{}")}
 
 
 def _speech_routes(state: Any, args: Namespace) -> dict[str, Route]:
@@ -207,6 +223,12 @@ class VllmEngine:
         self._error_type = ErrorResponse
         self._dead_type = VllmEngineDead
         self._routes = _routes(state, args)
+        self.adapter_rule = adapter_rule(engine_client, served_names)
+        self.adapter_folder = adapter_folder(state, args, served_names)
+        # What the worker's row announces: the API serves these names for these endpoints.
+        adapters = announced_adapters(state, served_names[0], self.adapter_folder)
+        served = Announcement(names=served_names, endpoints=self.endpoints, adapters=adapters)
+        self.configuration[ANNOUNCEMENT_KEY] = served.model_dump()
 
     @property
     def endpoints(self) -> list[str]:
@@ -227,6 +249,10 @@ class VllmEngine:
             request = route.validate(body)
         except Exception as exc:
             return error_result(400, _validation_message(exc), _validation_param(exc))
+        if self.adapter_folder is not None and (
+            problem := await self.adapter_folder.problem(body.get("model"))
+        ):
+            return error_result(400, problem, "model", ADAPTER_LOAD_FAILED)
         fields = type(request).model_fields
         if "request_id" in fields:
             request.request_id = route.request_id.format(request_id)
@@ -392,9 +418,12 @@ class Gauges:
         return GaugeLogger()
 
 
-def configuration_of(vllm_config: Any, engine_args: Any) -> dict[str, Any]:
-    """What the engine runs with, after vLLM sized it, and the arguments that differ from
-    vLLM's defaults (secrets redacted), as `vllm serve` logs them."""
+def configuration_of(
+    vllm_config: Any, engine_args: Any, dtype_reason: str | None = None
+) -> dict[str, Any]:
+    """What the engine runs with, after vLLM sized it (and why in that dtype, `worker.dtype`),
+    and the arguments that differ from vLLM's defaults (secrets redacted), as `vllm serve`
+    logs them."""
     import dataclasses
 
     from vllm.entrypoints.serve.utils.api_utils import redact_sensitive_args
@@ -405,6 +434,7 @@ def configuration_of(vllm_config: Any, engine_args: Any) -> dict[str, Any]:
     effective = {
         "model": model.model,
         "dtype": str(model.dtype).removeprefix("torch."),
+        "dtype_reason": dtype_reason,
         "max_model_len": model.max_model_len,
         "max_num_seqs": scheduler.max_num_seqs,
         "max_num_batched_tokens": scheduler.max_num_batched_tokens,
@@ -439,6 +469,8 @@ async def start_engine(args: Namespace, online: bool = False) -> AsyncIterator[V
     from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.async_llm import AsyncLLM
 
+    if getattr(args, "lora_dir", None):
+        args.enable_lora = True
     engine_args = AsyncEngineArgs.from_cli_args(args)
     propagate_flash_late_interaction(args, engine_args)
     # vLLM sizes its scheduler (max_num_seqs, max_num_batched_tokens) by usage context; a
@@ -468,7 +500,8 @@ async def start_engine(args: Namespace, online: bool = False) -> AsyncIterator[V
             state = app.state if app is not None else State()
             await init_app_state(client, state, args, supported_tasks)
         names = list(args.served_model_name or [args.model])
-        configuration = configuration_of(client.vllm_config, engine_args)
+        dtype_reason = getattr(args, "dtype_reason", None)
+        configuration = configuration_of(client.vllm_config, engine_args, dtype_reason)
         yield VllmEngine(client, state, args, names, gauges, configuration, app)
     finally:
         client.shutdown(timeout=vllm_config.shutdown_timeout)

@@ -35,11 +35,13 @@ from app.config import Settings
 from app.core.leases import BatchLease
 from app.core.progress import Progress
 from app.core.states import BatchStatus, BatchStep, Ending, ShardStatus
+from app.db.clock import db_now
 from app.db.models import Batch, File, ResultChunk, Shard
 from app.db.session import session_scope
 from app.ids import new_batch_request_id, new_file_id
 from app.schemas.files import FileObjectPurpose
 from app.services import batch_lease, step_share
+from app.services import lease as leases
 from app.services.batch_end import end_batch
 from app.services.batch_lease import Heartbeat
 from app.services.files import create_file_from_storage, file_storage_key
@@ -114,15 +116,16 @@ def _claim_next(settings: Settings, owner: str, seen: set[str]) -> Finalization 
     return None
 
 
-def _ready(settings: Settings, now: float) -> ColumnElement[bool]:
-    """SQL condition: the batch is ready to finalize (this module's docstring)."""
+def _ready(settings: Settings) -> ColumnElement[bool]:
+    """SQL condition: the batch is ready to finalize (this module's docstring); leases and
+    expiry by the database's clock."""
     live_shard = exists().where(
         Shard.batch_id == Batch.id,
         Shard.status == ShardStatus.RUNNING,
-        Shard.heartbeat_at >= now - settings.lease_seconds,
+        leases.live(Shard.heartbeat_at, settings.lease_seconds),
     )
     open_shard = exists().where(Shard.batch_id == Batch.id, Shard.status != ShardStatus.DONE)
-    expired = Batch.expires_at <= int(now)
+    expired = Batch.expires_at <= db_now()
     return or_(
         and_(Batch.status == BatchStatus.IN_PROGRESS, ~open_shard),
         and_(Batch.status == BatchStatus.IN_PROGRESS, expired, ~live_shard),
@@ -134,15 +137,14 @@ def _ready(settings: Settings, now: float) -> ColumnElement[bool]:
 
 def _candidates(settings: Settings, seen: Collection[str] = ()) -> list[tuple[str, int]]:
     """Ready batches nobody is finalizing, but those `seen`, in the order they are taken."""
-    now = time.time()
     # Batches whose finalization never failed first: failing ones wait out their backoff and
     # then come behind them.
     ready = (
         select(Batch.id, Batch.lease_epoch)
         .where(
-            _ready(settings, now),
-            batch_lease.lease_is_free(settings, now),
-            batch_lease.step_due(now),
+            _ready(settings),
+            batch_lease.lease_is_free(settings),
+            batch_lease.step_due(),
             Batch.id.not_in(seen),
         )
         .order_by(Batch.step_failures)
@@ -161,7 +163,7 @@ def _claim(settings: Settings, batch_id: str, epoch: int, owner: str) -> Finaliz
         lease = batch_lease.take(session, batch_id, epoch, owner)
         if lease is None:
             return None
-        ready = _ready(settings, time.time())
+        ready = _ready(settings)
         step_share.charge(session, BatchStep.FINALIZATION, batch_id, ready, settings.scheduler)
         batch = session.scalar(
             select(Batch).where(Batch.id == batch_id).execution_options(populate_existing=True)
@@ -395,7 +397,7 @@ def _locked_batch(session: Session, lease: BatchLease) -> Batch | None:
     """The batch's row, locked, while the lease is still ours (fencing)."""
     return session.scalar(
         select(Batch)
-        .where(Batch.id == lease.batch_id, Batch.lease_epoch == lease.epoch)
+        .where(Batch.id == lease.batch_id, batch_lease.held(lease))
         .with_for_update()
         .execution_options(populate_existing=True)
     )

@@ -95,6 +95,8 @@ class Worker:
             window,
             dedup=options.dedup,
             prefix_grouping=options.prefix_grouping,
+            # vLLM's engine with LoRA on: which lines' adapters may share it (worker.adapters).
+            adapters=getattr(engine, "adapter_rule", None),
             on_submit=_submission_logger(options.submission_log),
         )
         self.run_options = RunOptions(

@@ -27,6 +27,7 @@ INFERENCE_ROUTES = frozenset(
         "/v1/chat/completions",
         "/v1/completions",
         "/v1/responses",
+        "/v1/messages",  # Anthropic's Messages API (vLLM's `anthropic` router)
         "/v1/embeddings",
         "/v1/score",
         "/v1/rerank",

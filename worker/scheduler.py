@@ -18,6 +18,7 @@ import orjson
 
 from app.endpoints import CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES
 from app.ids import new_request_id
+from worker.adapters import AdapterRule, InFlightAdapters
 from worker.engine import Engine, EngineResult
 
 log = logging.getLogger("overnight.worker")
@@ -33,6 +34,9 @@ class Sink(Protocol):
 
     def engine_failed(self, error: BaseException) -> None: ...
 
+    async def leased(self) -> None:
+        """Returns once the sink may have a request sent to the engine for it."""
+
 
 @dataclass(eq=False, slots=True)
 class Job:
@@ -46,6 +50,7 @@ class Job:
     body: dict[str, Any]
     request_id: str = field(default_factory=new_request_id)
     prefix: Hashable = None
+    adapter: str | None = None  # the LoRA adapter the line names; None: the base model
     key: bytes | None = None
     followers: list["Job"] = field(default_factory=list)
     task: "asyncio.Task[None] | None" = None
@@ -129,6 +134,7 @@ class Scheduler:
         dedup: bool = True,
         prefix_grouping: bool = True,
         on_submit: Callable[[Job], None] | None = None,
+        adapters: AdapterRule | None = None,
     ) -> None:
         self.engine = engine
         self.window = max(1, window)
@@ -136,6 +142,8 @@ class Scheduler:
         self.dedup = dedup
         self.prefix_grouping = prefix_grouping
         self.on_submit = on_submit
+        # With LoRA: only requests whose adapters may share the engine are in flight together.
+        self._adapters = InFlightAdapters(adapters) if adapters is not None else None
         self.failure: BaseException | None = None
         self.engine_submissions = 0
         self.output_tokens = 0
@@ -181,6 +189,9 @@ class Scheduler:
             self._leaders[key] = job
         if self.prefix_grouping:
             job.prefix = prefix_key(job.endpoint, job.body)
+        if self._adapters is not None:
+            job.adapter = self._adapters.rule.adapter_of(job.body)
+            job.prefix = (job.adapter, job.prefix)
         self._enqueue(job)
         self._pump()
 
@@ -191,13 +202,18 @@ class Scheduler:
         group.append(job)
         self._pending += 1
 
-    def _next(self) -> Job:
+    def _next(self) -> Job | None:
+        """The next job to send; None while none may join those in flight (their adapters)."""
         key = self._current
-        if key not in self._groups or (self._burst >= self.lookahead and len(self._groups) > 1):
-            if key in self._groups:
+        held = self._adapters is not None and not self._adapters.admits_group(key)
+        stale = key not in self._groups or held
+        if stale or (self._burst >= self.lookahead and len(self._groups) > 1):
+            if not stale:
                 # Others waited a whole pool's worth: the current prefix goes to the back.
                 self._groups.move_to_end(key)
-            key = next(iter(self._groups))
+            key = self._first_admitted()
+            if key is None:
+                return None
             self._burst = 0
         group = self._groups[key]
         job = group.popleft()
@@ -208,30 +224,50 @@ class Scheduler:
         self._pending -= 1
         return job
 
+    def _first_admitted(self) -> Hashable:
+        if self._adapters is None:
+            return next(iter(self._groups))
+        return self._adapters.first_group(self._groups, self._current)
+
+    def _enter(self, job: Job) -> None:
+        self._in_flight[job] = None
+        if self._adapters is not None:
+            self._adapters.enter(job.adapter)
+
+    def _leave(self, job: Job) -> None:
+        if job in self._in_flight:
+            del self._in_flight[job]
+            if self._adapters is not None:
+                self._adapters.leave(job.adapter)
+
     def _pump(self) -> None:
         while self._pending and len(self._in_flight) < self.window and self.failure is None:
             job = self._next()
-            self._in_flight[job] = None
+            if job is None:
+                break
+            self._enter(job)
             self.engine_submissions += 1
-            if self.on_submit is not None:
-                self.on_submit(job)
             job.task = asyncio.create_task(self._run(job))
         if self._pending < self.lookahead:
             self._space.set()
 
     async def _run(self, job: Job) -> None:
         try:
+            if job.sink is not None:
+                await job.sink.leased()
+            if self.on_submit is not None:
+                self.on_submit(job)
             result = await self.engine.run(job.endpoint, job.body, job.engine_id)
         except asyncio.CancelledError:
-            self._in_flight.pop(job, None)
+            self._leave(job)
             self._settle(job, None)
             self._pump()
             raise
         except Exception as exc:
-            self._in_flight.pop(job, None)
+            self._leave(job)
             self._fail(exc)
             return
-        self._in_flight.pop(job, None)
+        self._leave(job)
         self._settle(job, result)
         self._pump()
 
@@ -318,6 +354,7 @@ class Scheduler:
             return
         heir, *rest = job.followers
         heir.followers, heir.key, heir.prefix = rest, job.key, job.prefix
+        heir.adapter = job.adapter
         if heir.key is not None:
             self._leaders[heir.key] = heir
         self._enqueue(heir)

@@ -17,17 +17,20 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 from app.config import Settings
 from app.core.leases import FIRST_EPOCH, BatchState, ShardLease
 from app.core.states import ShardOutcome
 from app.db.models import Batch
 from app.db.session import session_scope
+from app.services.lease import end_if_left_idle
 from app.storage import Storage
 from app.storage.base import StorageFull
 from worker import claim, lost_objects, reader
@@ -94,7 +97,10 @@ class ShardRun:
         self._pending: Chunk | None = None
         self._engine_error: BaseException | None = None
         self._stop_deadline: float | None = None
+        # When the last renewal that went through began: the database stamped it later.
         self._last_heartbeat = time.monotonic()
+        self._renewed = asyncio.Event()
+        self._over = False
         self._failing = False
 
     # -- Sink: called by the scheduler as results arrive --
@@ -107,6 +113,30 @@ class ShardRun:
     def engine_failed(self, error: BaseException) -> None:
         self._engine_error = error
         self._wake.set()
+
+    async def leased(self) -> None:
+        """Returns once the lease is surely still this run's, or the run is over.
+
+        The scheduler sends a request to the engine only then: a worker that was frozen (or
+        could not renew) for longer than `_lease_may_have_lapsed` allows first renews, and
+        one whose shard was taken over meanwhile sends none of its lines, which the new
+        holder may have persisted by now.
+        """
+        while self._lease_may_have_lapsed() and not self._over:
+            self._renewed.clear()
+            self._wake.set()
+            await self._renewed.wait()
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[Session]:
+        """A transaction under the shard's lease, ended by the database if this worker freezes
+        in it: its row locks would otherwise keep every taker off the shard."""
+        with session_scope(self.settings) as session:
+            end_if_left_idle(session, self.options.lease_seconds)
+            yield session
+
+    def _lease_may_have_lapsed(self) -> bool:
+        return time.monotonic() - self._last_heartbeat > self.options.lease_seconds * 2 / 3
 
     # -- control --
     def request_stop(self) -> None:
@@ -126,6 +156,8 @@ class ShardRun:
         try:
             return await self._supervise(feeder)
         finally:
+            self._over = True
+            self._renewed.set()
             feeder.cancel()
             await asyncio.gather(feeder, return_exceptions=True)
 
@@ -181,7 +213,7 @@ class ShardRun:
                 self.closed_batch = checkpoint.state is not None and checkpoint.state.last_shard
                 self._check_complete()
                 return ShardOutcome.DONE
-            if checkpoint.state and (reason := checkpoint.state.should_stop(time.time())):
+            if checkpoint.state and (reason := checkpoint.state.should_stop()):
                 return await self._let_go(reason)
 
     def _has_every_line(self) -> bool:
@@ -236,7 +268,7 @@ class ShardRun:
 
     def _fail_batch(self, key: str) -> bool:
         """Fails the batch, fenced by the lease (handed back); False if the lease was lost."""
-        with session_scope(self.settings) as session:
+        with self._transaction() as session:
             # The finalizer's lock order: the batch, then its shards.
             batch = session.scalar(
                 select(Batch).where(Batch.id == self.lease.batch_id).with_for_update()
@@ -254,12 +286,12 @@ class ShardRun:
             # The shard's first holder: nobody recorded anything before it, so no transaction
             # (at the start of a batch every worker would run one beside its next claim).
             return Recorded()
-        with session_scope(self.settings) as session:
+        with self._transaction() as session:
             keys = claim.recorded_chunk_keys(session, self.lease.shard_id)
         recorded = read_recorded(self.storage, keys)
         if not recorded.missing:
             return recorded
-        with session_scope(self.settings) as session:
+        with self._transaction() as session:
             if claim.checkpoint(session, self.lease) is None:
                 return None
             lost_objects.forget_chunks(session, self.lease.shard_id, recorded)
@@ -275,11 +307,12 @@ class ShardRun:
             # Close the shard only with its last lines, never ahead of them.
             closing = done and stored and self.writer.buffered == 0
             recorded = chunk if stored else None
+            started = time.monotonic()
             state = await asyncio.to_thread(
                 self._record, recorded, closing, release and not closing
             )
         except Exception as exc:
-            if time.monotonic() - self._last_heartbeat > self.options.lease_seconds * 2 / 3:
+            if self._lease_may_have_lapsed():
                 raise HeartbeatLost(
                     f"cannot renew the lease of shard {self.lease.shard_id}"
                 ) from exc
@@ -287,7 +320,6 @@ class ShardRun:
                 log.warning("checkpoint of shard %s failed, retrying: %s", self.lease.shard_id, exc)
             self._failing = True
             return Checkpoint(Renewal.FAILED)
-        self._last_heartbeat = time.monotonic()
         self._failing = False
         if stored:
             self._pending = None
@@ -295,6 +327,8 @@ class ShardRun:
             if recorded is not None:
                 await self._discard(recorded)
             return Checkpoint(Renewal.LOST)
+        self._last_heartbeat = started
+        self._renewed.set()
         if recorded is not None:
             self.recorded += recorded.lines
         if closing:
@@ -339,7 +373,7 @@ class ShardRun:
         row = (chunk.sequence, chunk.key, chunk.lines) if chunk else None
         progress = chunk.progress if chunk else None
         try:
-            with session_scope(self.settings) as session:
+            with self._transaction() as session:
                 return claim.checkpoint(
                     session, self.lease, chunk=row, progress=progress, done=done, release=release
                 )
@@ -347,5 +381,5 @@ class ShardRun:
             # The previous attempt at this very chunk did commit (its reply was lost).
             if chunk is None:
                 raise
-            with session_scope(self.settings) as session:
+            with self._transaction() as session:
                 return claim.checkpoint(session, self.lease, done=done, release=release)

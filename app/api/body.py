@@ -89,8 +89,10 @@ async def read_body(request: Request, limit: SizeLimit) -> bytes:
     return bytes(received)
 
 
-async def read_json(request: Request, model: type[ModelT]) -> ModelT:
-    raw = await read_body(request, request.app.state.settings.size_limit("max_json_body_bytes"))
+async def read_json(
+    request: Request, model: type[ModelT], limit_setting: str = "max_json_body_bytes"
+) -> ModelT:
+    raw = await read_body(request, request.app.state.settings.size_limit(limit_setting))
     try:
         data: Any = orjson.loads(raw) if raw.strip() else {}
     except orjson.JSONDecodeError:

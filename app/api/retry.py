@@ -8,6 +8,7 @@ from app.config import Settings
 from app.schemas.batches import BatchObject
 from app.services import batch_retry
 from app.services.housekeeping import VALIDATION, wake
+from app.services.unrecorded_bytes import delete_unless_file
 from app.storage import Storage
 
 
@@ -23,7 +24,7 @@ async def run_retry(
     plan = await uow.run(batch_retry.plan_retry, project_id, batch_id)
     written = await asyncio.to_thread(batch_retry.write_retry_input, storage, plan, include_all)
     batch = await uow.run_or_undo(
-        partial(storage.delete, written.stored.key),
+        partial(delete_unless_file, settings, storage, written.file_id, written.stored.key),
         batch_retry.create_retry,
         settings,
         plan,

@@ -62,8 +62,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
     print(batch.id)
     if not args.wait:
         return 0
-    batch = wait_for(api, batch.id, args.interval)
-    _show(batch)
+    followed = wait_for(api, batch.id, args.interval)
+    batch = followed.batch
+    _show(batch, waited=followed.waited)
     if batch.status == "failed":
         return 1
     _download(
@@ -107,7 +108,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _show(batch: Batch, schedule: dict[str, Any] | None = None) -> None:
+def _show(batch: Batch, schedule: dict[str, Any] | None = None, waited: float = 0.0) -> None:
     counts = batch.request_counts
     rows = [
         ("id", batch.id),
@@ -128,7 +129,7 @@ def _show(batch: Batch, schedule: dict[str, Any] | None = None) -> None:
     if batch.usage:
         rows.append(("tokens", f"{batch.usage.input_tokens} in, {batch.usage.output_tokens} out"))
     if batch.in_progress_at is not None:
-        rows.append(("throughput", str(output.throughput(batch))))
+        rows.append(("throughput", output.throughput_text(batch, waited)))
     for field in (
         "created_at",
         "in_progress_at",

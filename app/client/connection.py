@@ -3,30 +3,18 @@
 import argparse
 import os
 import sys
-from collections.abc import Callable
 from functools import wraps
 from typing import Any
 
 import openai
 
+from app.client.arguments import Command
 from app.config import get_settings
 from app.errors import OpenAIError as ServiceError
-
-Command = Callable[[argparse.Namespace], int]
 
 
 class CliError(Exception):
     """A failure to report as one line on stderr, with a non-zero exit."""
-
-
-def add_connection_args(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("connection")
-    group.add_argument(
-        "--base-url",
-        help="the API, e.g. http://host:8000/v1 (default: $OPENAI_BASE_URL, else this "
-        "machine's OVERNIGHT_HOST:OVERNIGHT_PORT)",
-    )
-    group.add_argument("--api-key", help="an API key (default: $OPENAI_API_KEY)")
 
 
 def explicit_base_url(args: argparse.Namespace) -> str | None:

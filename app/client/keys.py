@@ -27,6 +27,7 @@ def _local_settings(args: argparse.Namespace) -> Any:
 
 
 def cmd_create(args: argparse.Namespace) -> int:
+    args.project = args.project or DEFAULT_PROJECT
     body = {"project": args.project, "role": args.role, "name": args.name or ""}
     if explicit_base_url(args):
         created: dict[str, Any] = client(args).post("/admin/api_keys", body=body, cast_to=dict)

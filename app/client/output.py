@@ -37,8 +37,9 @@ def age(ts: int | float | None) -> str:
     return f"{seconds}s ago"
 
 
-def throughput(batch: Batch) -> Throughput:
-    """The batch's throughput as the dashboard and `/metrics` show it."""
+def throughput(batch: Batch, waited: float = 0.0) -> Throughput:
+    """The batch's throughput as the dashboard and `/metrics` show it, less `waited`: seconds
+    it was seen waiting for a worker (`app.client.waiting`)."""
     usage, counts = batch.usage, batch.request_counts
     return batch_throughput(
         batch,
@@ -46,7 +47,14 @@ def throughput(batch: Batch) -> Throughput:
         input_tokens=usage.input_tokens if usage else 0,
         output_tokens=usage.output_tokens if usage else 0,
         completed=counts.completed if counts else 0,
+        waited=waited,
     )
+
+
+def throughput_text(batch: Batch, waited: float = 0.0) -> str:
+    """ "41.3 tok/s (waited 80 s for a worker, left out)": the rate, and what it leaves out."""
+    rate = str(throughput(batch, waited))
+    return f"{rate} (waited {waited:.0f} s for a worker, left out)" if waited >= 0.5 else rate
 
 
 def outcomes(batch: Batch) -> str:

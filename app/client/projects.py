@@ -8,6 +8,7 @@ from typing import Any
 import openai
 
 from app.client import output
+from app.client.arguments import DEFAULT, QUOTAS, quota_option
 from app.client.connection import CliError, client
 
 
@@ -32,19 +33,6 @@ def cmd_weight(args: argparse.Namespace) -> int:
     )
     print(f"{project['name']}: weight {project['weight']:g}")
     return 0
-
-
-DEFAULT = "default"
-
-
-def limit_value(text: str) -> int | None:
-    """A limit on the command line: a count (`2000000`, `2_000_000`), or `default`: None."""
-    if text == DEFAULT:
-        return None
-    value = int(text.replace(",", ""))
-    if value < 0:
-        raise ValueError(text)
-    return value
 
 
 def _limit_text(limit: int | None, own: int | None, unit: str) -> str:
@@ -87,19 +75,6 @@ def cmd_limit(args: argparse.Namespace) -> int:
     requests = _limit_text(found["request_limit"], found["request_limit_override"], "requests")
     print(f"{found['project_name']} on {found['model']}: {tokens}, {requests}")
     return 0
-
-
-# Each quota: its field in the admin API's answer (`--stored-bytes` sets `stored_bytes`), its unit.
-QUOTAS = (
-    ("stored_bytes", "bytes"),
-    ("files", "files"),
-    ("open_uploads", "open uploads"),
-    ("unfinished_batches", "unfinished batches"),
-)
-
-
-def quota_option(field: str) -> str:
-    return "--" + field.replace("_", "-")
 
 
 def _quota_text(quota: dict[str, Any], unit: str) -> str:

@@ -8,11 +8,8 @@ import argparse
 from typing import Any
 
 from app.client import output
+from app.client.arguments import ALL_EVENTS
 from app.client.connection import client
-from app.core.states import ALL_WEBHOOK_EVENTS
-
-# Any: the SDK types event names as a Literal of every OpenAI event, ours are four of them.
-ALL_EVENTS: list[Any] = ALL_WEBHOOK_EVENTS
 
 
 def _print_secret(endpoint: Any) -> None:

@@ -46,16 +46,18 @@ class BatchState:
 
     status: BatchStatus
     expires_at: int
+    # The database's time at the checkpoint: expiry is judged by its clock, not the holder's.
+    checked_at: float
     # Set by the checkpoint that closes a shard: no other shard of the batch is open, so the
     # batch is ready to finalize.
     last_shard: bool = False
 
-    def should_stop(self, now: float) -> ShardOutcome | None:
+    def should_stop(self) -> ShardOutcome | None:
         """Why a holder must let go of the batch's shards now, if it must."""
         if self.status == BatchStatus.CANCELLING:
             return ShardOutcome.CANCELLED
         if self.status != BatchStatus.IN_PROGRESS:
             return ShardOutcome.BATCH_ENDED
-        if now >= self.expires_at:
+        if self.checked_at >= self.expires_at:
             return ShardOutcome.EXPIRED
         return None

@@ -36,6 +36,13 @@ CLAIMABLE_BATCH_STATUSES = (
 )
 
 
+class BatchApi(StrEnum):
+    """The wire format a batch was created through; underneath, every batch is the same."""
+
+    OPENAI = "openai"  # `/v1/batches`
+    ANTHROPIC = "anthropic"  # `/v1/messages/batches` (Message Batches)
+
+
 class BatchStep(StrEnum):
     """A batch-level step, which claims whole batches (each keeps fair-share clocks)."""
 

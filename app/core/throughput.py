@@ -2,7 +2,9 @@
 
 Generation endpoints count output tokens; embeddings make none, so they count input tokens,
 or inputs where the engine reported no tokens. Running time is from `in_progress` until the
-batch stopped running (finalizing, or its end) or, while it runs, until now.
+batch stopped running (finalizing, or its end) or, while it runs, until now, less any time a
+client that followed the batch saw no worker serving its model (`overnight batches submit
+--wait`): the engine's first start is not the batch's work.
 """
 
 from dataclasses import dataclass
@@ -50,14 +52,24 @@ def running_seconds(batch: Timeline, now: float) -> float:
 
 
 def batch_throughput(
-    batch: Timeline, now: float, *, input_tokens: int, output_tokens: int, completed: int
+    batch: Timeline,
+    now: float,
+    *,
+    input_tokens: int,
+    output_tokens: int,
+    completed: int,
+    waited: float = 0.0,
 ) -> Throughput:
-    """Output tokens/s; for embeddings input tokens/s, or inputs/s without token counts."""
+    """Output tokens/s; for embeddings input tokens/s, or inputs/s without token counts.
+
+    `waited`: seconds of the running time no worker served the batch's model, left out."""
     if batch.endpoint != EMBEDDINGS_ENDPOINT:
         made, unit = output_tokens, "tok/s"
     elif input_tokens:
         made, unit = input_tokens, "input tok/s"
     else:
         made, unit = completed, "inputs/s"
-    seconds = running_seconds(batch, now)
+    seconds = running_seconds(batch, now) - waited
+    if waited:
+        seconds = max(seconds, 1.0)  # the batch's timestamps count whole seconds
     return Throughput(made / seconds if seconds > 0 else 0.0, unit)

@@ -21,6 +21,7 @@ from app.core.states import CANCELLABLE_BATCH_STATUSES, TERMINAL_BATCH_STATUSES,
 from app.core.webhook_signing import secret_hint
 from app.db.models import Batch, File, RegisteredWorker, Shard, WebhookEndpoint
 from app.schemas.admin import EnqueuedLimitsObject, ProjectQuotasObject, Quota, WorkerState
+from app.schemas.models import announcement_in
 from app.services.files import Preview
 from app.services.fleet import SERVING_STATES, Fleet
 from app.services.monitoring import BatchView, WorkerView
@@ -221,7 +222,7 @@ def worker_row(view: WorkerView) -> Row:
         "href": f"/dashboard/workers/{quote(w.id, safe='')}",
         "host": w.host,
         "pid": w.pid,
-        "model": w.model,
+        **_serves(w),
         "state": view.state,
         "heartbeat_age": fmt_duration(view.heartbeat_age),
         "batch_href": f"/dashboard/batches/{view.batch_id}" if view.batch_id else "",
@@ -230,6 +231,14 @@ def worker_row(view: WorkerView) -> Row:
         "started": fmt_time(w.started_at),
         "uptime": uptime(view, time.time()),
     }
+
+
+def _serves(w: RegisteredWorker) -> Row:
+    """The names a worker serves and their endpoints, as its row announces them."""
+    served = announcement_in(w.engine_configuration)
+    if served is None:
+        return {"model": w.model, "endpoints": DASH}
+    return {"model": ", ".join(served.names), "endpoints": ", ".join(served.endpoints) or DASH}
 
 
 def uptime(view: WorkerView, now: float) -> str:

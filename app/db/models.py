@@ -29,6 +29,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from app.core.states import (
     CLAIMABLE_BATCH_STATUSES,
     OPEN_SHARD_STATUSES,
+    BatchApi,
     BatchStatus,
     BatchStep,
     DeliveryStatus,
@@ -194,6 +195,7 @@ class Batch(ProgressColumns, Base):
     __tablename__ = "batches"
     __table_args__ = (
         CheckConstraint(_in("status", BatchStatus), name="status"),
+        CheckConstraint(_in("api", BatchApi), name="api"),
         Index("ix_batches_project_listing", "project_id", "seq"),
         # The validator's and finalizer's claim path.
         Index(
@@ -215,6 +217,10 @@ class Batch(ProgressColumns, Base):
     id: Mapped[str] = mapped_column(String(64), unique=True)
     project_id: Mapped[str] = mapped_column(ForeignKey("projects.id"))
     endpoint: Mapped[str] = mapped_column(String(64))
+    # Which API shows it: an Anthropic Message Batch is this batch with `/v1/messages` lines.
+    api: Mapped[BatchApi] = mapped_column(
+        _enum(BatchApi, 16), default=BatchApi.OPENAI, server_default=BatchApi.OPENAI.value
+    )
     input_file_id: Mapped[str] = mapped_column(ForeignKey("files.id"))
     model: Mapped[str | None] = mapped_column(String(256))
     completion_window: Mapped[str] = mapped_column(String(16))

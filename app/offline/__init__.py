@@ -5,9 +5,7 @@ argument, vLLM's per-line errors and line shapes), run as a private deployment i
 directory: a SQLite database and a store. The input is stored, validated, sharded, run and
 finalized as the service does, and checkpointed there: rerun the same command after a crash
 and it resumes where the results stop.
+
+The command line is `app.offline.arguments`, the run `app.offline.runner`: `--help` imports
+only the first.
 """
-
-from app.offline.arguments import add_arguments
-from app.offline.runner import main
-
-__all__ = ["add_arguments", "main"]

@@ -89,3 +89,19 @@ class BatchObject(BaseModel):
     request_counts: BatchRequestCounts
     usage: BatchUsage
     metadata: dict[str, Any] | None
+
+
+class BatchResultsPage(BaseModel):
+    """Ours: `GET /v1/batches/{id}/results`, the result lines recorded so far.
+
+    `data` holds output and error file lines as they are (or will be) in the files; pass
+    `last_id` as `after` to read on. `complete` is false while the batch runs; `restarted`
+    says a cursor taken while it ran was answered from the start of its final files.
+    """
+
+    object: Literal["list"] = "list"
+    data: list[dict[str, Any]]
+    has_more: bool
+    last_id: str
+    complete: bool
+    restarted: bool = False

@@ -1,8 +1,8 @@
 """The API process's background work: validate new batches, finalize ready ones, expire files,
-deliver webhooks, plan the schedule.
+deliver webhooks, plan the schedule, prune what is past retention (`app.services.retention`).
 
-Four loops run side by side so that a long finalization never delays the
-validation of a newly created batch. Validation, finalization and the planner step on the
+Five loops run side by side so that a long finalization never delays the
+validation of a newly created batch. Validation, finalization, the planner and retention step on the
 default executor; the deliverer's pass only claims webhook deliveries and starts their
 attempts, which run on the senders' own slots and threads (`webhook_senders`), so no
 receiver, however slow, holds up the other loops or the next pass. Each wakes every
@@ -19,13 +19,14 @@ import os
 import secrets
 import socket
 import threading
-import time
 from collections.abc import Awaitable, Callable
 
 from app.config import Settings
+from app.db.clock import read_db_now
 from app.db.session import session_scope
 from app.services import singleton_lease
 from app.services.file_expiry import expire_files
+from app.services.retention import retain
 from app.services.schedule import replan
 from app.services.uploads import expire_uploads
 from app.services.validation import validate_pending
@@ -88,7 +89,7 @@ def plan(settings: Settings, owner: str) -> bool:
     with session_scope(settings) as session:
         if not singleton_lease.hold(session, PLANNER, owner, settings.lease_seconds):
             return False
-        replan(session, settings.scheduler)
+        replan(session, settings.scheduler, read_db_now(session))
         return True
 
 
@@ -98,8 +99,8 @@ def tidy(settings: Settings, owner: str) -> None:
     if finalize_ready_batches(settings, owner, storage):
         wake(settings, WEBHOOKS)
     delete_leftover_chunks(settings, storage)
-    now = int(time.time())
     with session_scope(settings) as session:
+        now = int(read_db_now(session))  # expiry is judged by the database's clock
         expire_uploads(session, storage, now)
     with session_scope(settings) as session:
         expire_files(session, storage, now)
@@ -124,6 +125,13 @@ async def housekeeping_loop(settings: Settings, stop: asyncio.Event) -> None:
             ),
             _repeat(
                 settings, stop, asyncio.Event(), _in_thread(plan, settings, owner), PLAN_SECONDS
+            ),
+            _repeat(
+                settings,
+                stop,
+                asyncio.Event(),
+                _in_thread(retain, settings, owner),
+                settings.retention_interval_seconds,
             ),
         )
     finally:

@@ -19,6 +19,8 @@ from app.config import Settings
 from app.services.webhook_targets import TargetRefused, parse, resolve_allowed
 
 MEDIA_KEYS = frozenset({"image_url", "audio_url", "video_url", "file_url"})
+# A Messages (`/v1/messages`) image block's source, which vLLM turns into an `image_url`.
+ANTHROPIC_SOURCE_KEY = "source"
 ANY_HOST = "*"
 REFUSED_CODE = "media_url_not_allowed"
 ALLOW_PRIVATE_SETTING = "OVERNIGHT_MEDIA_ALLOW_PRIVATE"
@@ -57,11 +59,16 @@ def media_urls(body: object) -> list[tuple[str, str]]:
 
 
 def _media_url(key: str | int, value: object) -> str | None:
-    if key not in MEDIA_KEYS:
+    if key not in MEDIA_KEYS and not _url_source(key, value):
         return None
     if isinstance(value, dict):
         value = value.get("url")
     return value if isinstance(value, str) else None
+
+
+def _url_source(key: str | int, value: object) -> bool:
+    """Anthropic's `"source": {"type": "url", "url": …}`."""
+    return key == ANTHROPIC_SOURCE_KEY and isinstance(value, dict) and value.get("type") == "url"
 
 
 def _join(path: str, key: str | int) -> str:

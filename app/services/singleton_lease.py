@@ -8,9 +8,9 @@ row's lock then serializes passes: on PostgreSQL a concurrent taker skips the lo
 the second pass starts after the first commits and sees its renewal. Between passes,
 `expires_at` keeps the turn with its holder, so the other replicas skip without doing the
 work; once the holder stops renewing (or releases it on shutdown), the next taker gets it.
+Its expiry is stamped and judged by the database's clock (`app.services.lease`).
 """
 
-import time
 from typing import Any
 
 from sqlalchemy import select, update
@@ -18,14 +18,14 @@ from sqlalchemy.orm import Session
 
 from app.db import upsert
 from app.db.models import SingletonLease
+from app.services import lease as leases
 
 
-def hold(session: Session, name: str, owner: str, seconds: float, now: float | None = None) -> bool:
+def hold(session: Session, name: str, owner: str, seconds: float) -> bool:
     """Takes or renews the lease `name` for `seconds` if free or `owner`'s; False if not."""
-    now = time.time() if now is None else now
-    lease = select(SingletonLease.owner, SingletonLease.expires_at).where(
-        SingletonLease.name == name
-    )
+    lease = select(
+        SingletonLease.owner, leases.lapsed(SingletonLease.expires_at).label("lapsed")
+    ).where(SingletonLease.name == name)
     # Looked at without a lock first: a replica that only finds the lease taken must not lock
     # its row even briefly, or the holder's own pass would skip it.
     seen = session.execute(lease).one_or_none()
@@ -35,27 +35,27 @@ def hold(session: Session, name: str, owner: str, seconds: float, now: float | N
             .values(name=name, owner=None, expires_at=0.0)
             .on_conflict_do_nothing()
         )
-    elif _taken(seen, owner, now):
+    elif _taken(seen, owner):
         return False
     locked = session.execute(lease.with_for_update(skip_locked=True)).one_or_none()
-    if locked is None or _taken(locked, owner, now):  # another pass runs now, or just took it
+    if locked is None or _taken(locked, owner):  # another pass runs now, or just took it
         return False
     session.execute(
         update(SingletonLease)
         .where(SingletonLease.name == name)
-        .values(owner=owner, expires_at=now + seconds)
+        .values(owner=owner, expires_at=leases.stamp(seconds))
     )
     return True
 
 
-def _taken(row: Any, owner: str, now: float) -> bool:
-    return row.owner not in (None, owner) and row.expires_at > now
+def _taken(row: Any, owner: str) -> bool:
+    return row.owner not in (None, owner) and not row.lapsed
 
 
 def release(session: Session, name: str, owner: str) -> None:
     """Gives the lease up (if `owner` still holds it): the next taker need not wait."""
     session.execute(
         update(SingletonLease)
-        .where(SingletonLease.name == name, SingletonLease.owner == owner)
+        .where(SingletonLease.name == name, leases.held(SingletonLease.owner, owner))
         .values(owner=None, expires_at=0.0)
     )

@@ -22,11 +22,12 @@ from app.config import Settings
 from app.core.leases import BatchLease
 from app.core.sizes import too_large_message
 from app.core.states import BatchStatus, BatchStep
+from app.db.clock import db_now
 from app.db.models import Batch, File, Shard
 from app.db.session import session_scope
 from app.endpoints import canonical
 from app.schemas.batches import BatchError
-from app.services import batch_lease, enqueued, schedule, step_share
+from app.services import batch_lease, enqueued, schedule, served_models, step_share
 from app.services.batch_end import end_batch
 from app.services.batch_lease import Heartbeat
 from app.services.jsonl import scan_lines
@@ -101,6 +102,7 @@ class LineChecker:
         # custom_id digests, not the strings: memory stays small however long the ids are.
         self._seen: dict[bytes, int] = {}
         self._model_errors: dict[str, tuple[str, str] | None] = {}
+        self._served: list[served_models.Servable] | None = None
         self._media = MediaRule.of(settings, remember=True)
 
     def check(self, line_no: int, raw: bytes) -> BatchError | None:
@@ -185,13 +187,16 @@ class LineChecker:
         )
 
     def _check_model(self, line_no: int, model: str) -> BatchError | None:
+        # OpenAI's one-model rule holds for the base model: its LoRA adapters may share a batch.
+        found = served_models.named(self._served_models(), model)
+        base = found.base if found is not None else model
         if self.model is None:
-            self.model = model
-        elif model != self.model:
+            self.model = base
+        elif base != self.model:
             return _error(
                 "mismatched_model",
                 f"The model {_show(model)} differs from the model {_show(self.model)} of the "
-                "first request; a batch file may use only one model.",
+                "first request; a batch file may use only one model (and its LoRA adapters).",
                 line_no,
                 "body.model",
             )
@@ -208,21 +213,15 @@ class LineChecker:
         return _error(REFUSED_CODE, refused.message, line_no, f"body.{refused.param}")
 
     def _model_problem(self, model: str) -> tuple[str, str] | None:
-        served = self.settings.served_model(model)
-        if served is None:
-            names = ", ".join(m.name for m in self.settings.models) or "none"
-            return (
-                "model_not_found",
-                f"The model {_show(model)} does not exist or is not served by this deployment. "
-                f"Served models: {names}.",
-            )
-        if canonical(self.endpoint) not in served.endpoints:
-            return (
-                "model_endpoint_mismatch",
-                f"The model {_show(model)} does not serve {self.endpoint}; "
-                f"it serves {', '.join(served.endpoints)}.",
-            )
-        return None
+        endpoint = canonical(self.endpoint)
+        models = self._served_models()
+        return served_models.problem(models, self.settings, model, endpoint, _show(model))
+
+    def _served_models(self) -> list[served_models.Servable]:
+        """Read once per file, on its first model check."""
+        if self._served is None:
+            self._served = served_models.read(self.settings)
+        return self._served
 
 
 def _check_shape(line_no: int, request: dict[str, Any]) -> BatchError | None:
@@ -315,11 +314,10 @@ def claim_next(settings: Settings, owner: str) -> tuple[BatchLease, InputFile | 
     Not one past its `expires_at`: the finalizer expires it as it is, with no request counted
     and no file (validating it now would only turn each line into a `batch_expired` one).
     """
-    now = time.time()
     with session_scope(settings) as session:
         waiting = Batch.status == BatchStatus.VALIDATING
         candidates = select(Batch.id, Batch.lease_epoch).where(
-            waiting, Batch.expires_at > int(now), batch_lease.lease_is_free(settings, now)
+            waiting, Batch.expires_at > db_now(), batch_lease.lease_is_free(settings)
         )
         rows = session.execute(
             step_share.in_order(candidates, BatchStep.VALIDATION, settings.scheduler)

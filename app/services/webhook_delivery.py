@@ -4,7 +4,9 @@ Any process running housekeeping delivers. A claim is a lease (`lease_owner`,
 `lease_expires_at`) taken with `FOR UPDATE SKIP LOCKED` on PostgreSQL (SQLite's write
 lock serializes claims), so a deliverer that dies mid-request leaves a lease that lapses and
 the delivery is sent again: at least once, with the same `webhook-id` (the row's id) and
-the same body every time. A failed attempt is retried with exponential backoff until
+the same body every time. Leases, due times and backoffs are on the database's clock
+(`app.services.lease`), so no deliverer takes a lease early for its clock running ahead. A
+failed attempt is retried with exponential backoff until
 `webhook_retry_window_seconds` after the event.
 
 A pass claims only what the senders have room for (`webhook_senders`, and
@@ -19,15 +21,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sqlalchemy import Select, or_, select
+from sqlalchemy import Select, select
 from sqlalchemy.orm import Session
 
 from app.config import Settings
 from app.core.states import DeliveryStatus, WebhookEventType
+from app.db.clock import db_now, read_db_now
 from app.db.models import WebhookDelivery, WebhookEndpoint
 from app.db.session import session_scope
 from app.errors import OpenAIError
 from app.schemas.webhooks import WebhookEndpointTestResult
+from app.services import lease as leases
 from app.services.webhook_attempt import Attempt, Due, send
 from app.services.webhook_endpoints import find_endpoint, signing_secrets
 from app.services.webhook_outbox import event_body, new_delivery, new_event_id, new_webhook_id
@@ -48,7 +52,7 @@ async def deliver_due(settings: Settings, owner: str, then: Callable[[], None]) 
     while pool.free() > 0:
         room = pool.reserve()
         try:
-            claimed = await pool.in_thread(claim, settings, owner, time.time(), room)
+            claimed = await pool.in_thread(claim, settings, owner, room)
             for due in claimed:
                 pool.start(due.endpoint_id, _deliver(settings, owner, due, then))
         finally:
@@ -67,13 +71,13 @@ async def _deliver(settings: Settings, owner: str, due: Due, then: Callable[[], 
         then()
 
 
-def claim(settings: Settings, owner: str, now: float, room: Room) -> list[Due]:
+def claim(settings: Settings, owner: str, room: Room) -> list[Due]:
     """Leases the due deliveries of enabled endpoints that `room` has slots for, oldest first,
     counting an attempt; a delivery left out is not touched."""
     lease = 4 * settings.webhook_timeout_seconds + settings.lease_seconds
     with session_scope(settings) as session:
         claimed = []
-        for delivery, endpoint in session.execute(_due(now, room.full())).all():
+        for delivery, endpoint, now in session.execute(_due(room.full())).all():
             if not room.take(endpoint.id):
                 continue
             delivery.lease_owner, delivery.lease_expires_at = owner, now + lease
@@ -84,18 +88,16 @@ def claim(settings: Settings, owner: str, now: float, room: Room) -> list[Due]:
         return claimed
 
 
-def _due(now: float, full: list[str]) -> Select[WebhookDelivery, WebhookEndpoint]:
-    """Up to `CLAIMS_PER_PASS` unleased due deliveries, none to an endpoint in `full`."""
+def _due(full: list[str]) -> Select[WebhookDelivery, WebhookEndpoint, float]:
+    """Up to `CLAIMS_PER_PASS` unleased due deliveries, none to an endpoint in `full`, with
+    the database's time they were found due at."""
     return (
-        select(WebhookDelivery, WebhookEndpoint)
+        select(WebhookDelivery, WebhookEndpoint, db_now())
         .join(WebhookEndpoint, WebhookEndpoint.id == WebhookDelivery.endpoint_id)
         .where(
             WebhookDelivery.status == DeliveryStatus.PENDING,
-            WebhookDelivery.next_attempt_at <= now,
-            or_(
-                WebhookDelivery.lease_expires_at.is_(None),
-                WebhookDelivery.lease_expires_at < now,
-            ),
+            WebhookDelivery.next_attempt_at <= db_now(),
+            leases.lapsed(WebhookDelivery.lease_expires_at),
             WebhookEndpoint.enabled.is_(True),
             WebhookDelivery.endpoint_id.not_in(full),
         )
@@ -115,13 +117,15 @@ def record(settings: Settings, owner: str, delivery_id: str, attempt: Attempt) -
     with session_scope(settings) as session:
         delivery = session.scalar(
             select(WebhookDelivery)
-            .where(WebhookDelivery.id == delivery_id, WebhookDelivery.lease_owner == owner)
+            .where(
+                WebhookDelivery.id == delivery_id, leases.held(WebhookDelivery.lease_owner, owner)
+            )
             .with_for_update()
         )
         if delivery is None:
             return  # the lease lapsed and another deliverer took it over
         delivery.lease_owner, delivery.lease_expires_at = None, None
-        _apply(settings, delivery, attempt, time.time())
+        _apply(settings, delivery, attempt, read_db_now(session))
 
 
 def _apply(settings: Settings, delivery: WebhookDelivery, attempt: Attempt, now: float) -> None:

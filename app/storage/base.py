@@ -51,6 +51,15 @@ class StoredObject:
     sha256: str
 
 
+@dataclass(frozen=True)
+class ListedObject:
+    """An object as a listing shows it: its key, and when it was written (Unix seconds, by
+    the store's own clock)."""
+
+    key: str
+    modified_at: float
+
+
 class Writer(Protocol):
     key: str
 
@@ -78,6 +87,11 @@ class Storage(Protocol):
     def exists(self, key: str) -> bool: ...
 
     def list(self, prefix: str) -> Iterator[str]: ...
+
+    def scan(self, folder: str, start_after: str = "") -> Iterator[ListedObject]:
+        """The objects under `folder` (a prefix ending in "/") in key order, those after
+        `start_after` only, so that a long listing can resume where it stopped."""
+        ...
 
     def delete(self, key: str) -> None:
         """Remove an object; a missing one is not an error."""

@@ -8,7 +8,14 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from app.storage.base import READ_CHUNK, HashingCounter, StorageFull, StoredObject, check_key
+from app.storage.base import (
+    READ_CHUNK,
+    HashingCounter,
+    ListedObject,
+    StorageFull,
+    StoredObject,
+    check_key,
+)
 
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
@@ -110,6 +117,10 @@ class LocalStorage:
             if path.is_file() and key.startswith(prefix) and not key.startswith(".tmp/"):
                 yield key
 
+    def scan(self, folder: str, start_after: str = "") -> Iterator[ListedObject]:
+        check_key(folder)
+        return _walk(self.root / folder, folder, start_after)
+
     def delete(self, key: str) -> None:
         self.path(key).unlink(missing_ok=True)
 
@@ -122,3 +133,21 @@ class LocalStorage:
                 path.unlink(missing_ok=True)
                 removed += 1
         return removed
+
+
+def _walk(directory: Path, key_prefix: str, start_after: str) -> Iterator[ListedObject]:
+    """The files under `directory` in key order, after `start_after`: a folder sorts as its
+    name plus "/", as its keys do, and one whose keys all come before is not entered."""
+    try:
+        entries = list(os.scandir(directory))
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    named = [(e.name + "/" if e.is_dir(follow_symlinks=False) else e.name, e) for e in entries]
+    for name, entry in sorted(named, key=lambda pair: pair[0]):
+        key = key_prefix + name
+        if name.endswith("/"):
+            if key > start_after or start_after.startswith(key):
+                yield from _walk(Path(entry.path), key, start_after)
+        elif key > start_after:
+            with contextlib.suppress(FileNotFoundError):  # deleted since the folder was read
+                yield ListedObject(key, entry.stat(follow_symlinks=False).st_mtime)

@@ -17,6 +17,7 @@ from app.storage.base import (
     KEY_FOLDERS,
     READ_CHUNK,
     HashingCounter,
+    ListedObject,
     StorageFull,
     StoredObject,
     check_key,
@@ -214,6 +215,17 @@ class S3Storage:
         for page in pages:
             for item in page.get("Contents", []):
                 yield item["Key"][len(self.prefix) :]
+
+    def scan(self, folder: str, start_after: str = "") -> Iterator[ListedObject]:
+        pages = self.client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket,
+            Prefix=self.prefix + check_key(folder),
+            StartAfter=self.prefix + start_after,
+        )
+        for page in pages:
+            for item in page.get("Contents", []):
+                key = item["Key"][len(self.prefix) :]
+                yield ListedObject(key, item["LastModified"].timestamp())
 
     def delete(self, key: str) -> None:
         self.client.delete_object(Bucket=self.bucket, Key=self.name(key))

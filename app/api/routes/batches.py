@@ -9,11 +9,17 @@ from fastapi import APIRouter, Query, Request
 
 from app.api.body import json_post, read_json
 from app.api.deps import PrincipalDep, SettingsDep, StorageDep, UnitOfWorkDep
+from app.api.partial_results import results_page
 from app.api.retry import run_retry
 from app.schemas.admin import ScheduledBatchObject
-from app.schemas.batches import BatchObject, CreateBatchRequest, RetryBatchRequest
+from app.schemas.batches import (
+    BatchObject,
+    BatchResultsPage,
+    CreateBatchRequest,
+    RetryBatchRequest,
+)
 from app.schemas.common import ListObject
-from app.services import batches, schedule
+from app.services import batches, partial_results, schedule
 from app.services.housekeeping import FINALIZATION, VALIDATION, wake
 
 router = APIRouter(tags=["batches"])
@@ -56,6 +62,30 @@ async def retrieve_batch_schedule(
     it is at risk of expiring (not a field of OpenAI's Batch object)."""
     scope = None if principal.is_admin else principal.project_id
     return await uow.run(schedule.scheduled_batch, batch_id, scope)
+
+
+@router.get(
+    "/batches/{batch_id}/results", response_model=BatchResultsPage, operation_id="listBatchResults"
+)
+async def list_batch_results(
+    batch_id: str,
+    uow: UnitOfWorkDep,
+    storage: StorageDep,
+    principal: PrincipalDep,
+    after: str | None = None,
+    limit: Annotated[int, Query()] = partial_results.DEFAULT_LIMIT,
+) -> BatchResultsPage:
+    """Ours: the result lines recorded so far, while the batch runs (`complete: false`) and
+    from its files once it ended; follow with `after=<last_id>`."""
+    scope = None if principal.is_admin else principal.project_id
+    page = await results_page(uow, storage, scope, batch_id, None, after, limit)
+    return BatchResultsPage(
+        data=page.lines,
+        has_more=page.has_more,
+        last_id=page.cursor,
+        complete=page.complete,
+        restarted=page.restarted,
+    )
 
 
 @router.post("/batches/{batch_id}/cancel", response_model=BatchObject)

@@ -16,6 +16,7 @@ from app.api.multipart import (
 from app.schemas.common import ListObject, SortOrder
 from app.schemas.files import UPLOAD_PURPOSES, FileDeleted, FileObject
 from app.services import file_expiry, file_intake, files
+from app.services.unrecorded_bytes import delete_unless_file
 
 router = APIRouter(tags=["files"])
 
@@ -55,7 +56,7 @@ async def create_file(
         raise
     received = await run_in_threadpool(file_intake.receive, settings, intake, fields)
     return await uow.run_or_undo(
-        partial(storage.delete, received.stored.key),
+        partial(delete_unless_file, settings, storage, received.file_id, received.stored.key),
         file_intake.register_received,
         settings,
         principal.project_id,

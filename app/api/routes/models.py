@@ -1,34 +1,28 @@
-"""`/v1/models`: the models this deployment serves (the registry in settings)."""
-
-import time
+"""`/v1/models`: the models this deployment serves (`app.services.served_models`)."""
 
 from fastapi import APIRouter
 
-from app.api.deps import PrincipalDep, SettingsDep
-from app.config import Settings
+from app.api.deps import PrincipalDep, SettingsDep, UnitOfWorkDep
 from app.errors import OpenAIError
 from app.schemas.models import ModelList, ModelObject
+from app.services import served_models
 
 router = APIRouter(tags=["models"])
 
-# Models are configuration, not objects with a history: they exist since this process started.
-_STARTED_AT = int(time.time())
+
+# A base model has no `parent` or `root` (vLLM sends nulls): they are left out.
+@router.get("/models", response_model=ModelList, response_model_exclude_none=True)
+async def list_models(
+    uow: UnitOfWorkDep, settings: SettingsDep, _principal: PrincipalDep
+) -> ModelList:
+    return ModelList(data=await uow.run(served_models.model_objects, settings))
 
 
-def _models(settings: Settings) -> list[ModelObject]:
-    return [
-        ModelObject(id=m.name, created=_STARTED_AT, endpoints=m.endpoints) for m in settings.models
-    ]
-
-
-@router.get("/models", response_model=ModelList)
-def list_models(settings: SettingsDep, _principal: PrincipalDep) -> ModelList:
-    return ModelList(data=_models(settings))
-
-
-@router.get("/models/{model:path}", response_model=ModelObject)
-def retrieve_model(model: str, settings: SettingsDep, _principal: PrincipalDep) -> ModelObject:
-    found = next((m for m in _models(settings) if m.id == model), None)
+@router.get("/models/{model:path}", response_model=ModelObject, response_model_exclude_none=True)
+async def retrieve_model(
+    model: str, uow: UnitOfWorkDep, settings: SettingsDep, _principal: PrincipalDep
+) -> ModelObject:
+    found = await uow.run(served_models.model_object, settings, model)
     if found is None:
         raise OpenAIError(
             f"The model '{model}' does not exist or you do not have access to it.",

@@ -17,6 +17,7 @@ from app.api.multipart import (
 )
 from app.schemas.uploads import UploadComplete, UploadCreate, UploadObject, UploadPartObject
 from app.services import uploads
+from app.services.unrecorded_bytes import delete_unless_file, delete_unless_part
 
 router = APIRouter(tags=["uploads"])
 
@@ -57,7 +58,7 @@ async def add_upload_part(
         raise
     stored = await run_in_threadpool(uploads.store_part, intake)
     return await uow.run_or_undo(
-        partial(storage.delete, stored.key),
+        partial(delete_unless_part, settings, storage, intake.part_id, stored.key),
         uploads.record_part,
         settings,
         principal.project_id,
@@ -80,7 +81,7 @@ async def complete_upload(
     keys = await uow.run(uploads.parts_to_join, project_id, upload_id, body)
     joined = await run_in_threadpool(uploads.join_parts, storage, keys, body.md5)
     upload = await uow.run_or_undo(
-        partial(storage.delete, joined[1].key),
+        partial(delete_unless_file, settings, storage, joined[0], joined[1].key),
         uploads.record_completion,
         settings,
         project_id,

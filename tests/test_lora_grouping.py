@@ -1,0 +1,138 @@
+"""Which lines share the engine when they name LoRA adapters, with a scripted engine; and the
+adapters a `--lora-dir` folder serves. The real engine's answers are in tests/test_lora.py."""
+
+import asyncio
+import itertools
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fake_engine import MODEL, FakeEngine
+from tests.test_worker_scheduler import Collector, chat, drain, job
+from worker.adapters import AdapterFolder, AdapterRule, folder_adapters
+from worker.engine import EngineResult
+from worker.scheduler import Scheduler
+
+ADAPTERS = ["a1", "a2", "a3"]
+
+
+class WatchedEngine(FakeEngine):
+    """Records the models in flight each time a request starts."""
+
+    def __init__(self) -> None:
+        super().__init__(delay=0.005)
+        self.models: Counter[str] = Counter()
+        self.together: list[frozenset[str]] = []
+
+    async def run(self, endpoint: str, body: dict[str, Any], request_id: str) -> EngineResult:
+        model = str(body["model"])
+        self.models[model] += 1
+        self.together.append(frozenset(self.models))
+        try:
+            return await super().run(endpoint, body, request_id)
+        finally:
+            self.models[model] -= 1
+            if not self.models[model]:
+                del self.models[model]
+
+
+def interleaved(n: int) -> list[dict[str, Any]]:
+    """Lines naming the base model and three adapters in turn, as an input file may."""
+    models = [MODEL, *ADAPTERS]
+    return [chat(f"q{i}", model=models[i % len(models)]) for i in range(n)]
+
+
+def run_lines(rule: AdapterRule | None, bodies: list[dict[str, Any]]) -> WatchedEngine:
+    async def scenario() -> WatchedEngine:
+        engine = WatchedEngine()
+        scheduler = Scheduler(engine, window=6, lookahead=40, adapters=rule)
+        sink = Collector()
+        for i, body in enumerate(bodies):
+            await scheduler.submit(job(sink, i, body))
+        await drain(scheduler, sink, len(bodies))
+        assert sorted(j.line for j, _, _ in sink.results) == list(range(len(bodies)))
+        return engine
+
+    return asyncio.run(scenario())
+
+
+def switches(engine: WatchedEngine) -> int:
+    """How often the next request sent names another model than the one before."""
+    models = [body["model"] for body in engine.bodies()]
+    return sum(1 for before, after in itertools.pairwise(models) if before != after)
+
+
+def test_base_and_adapters_never_share_the_engine_on_cpu() -> None:
+    rule = AdapterRule(frozenset({MODEL}), max_loras=2, base_apart=True)
+    engine = run_lines(rule, interleaved(120))
+    assert len(engine.calls) == 120
+    for models in engine.together:
+        assert MODEL not in models or models == {MODEL}, models
+        assert len(models) <= 2, models
+    # Every adapter ran; the pool's lines ran a group at a time, not in input order.
+    assert {m for models in engine.together for m in models} == {MODEL, *ADAPTERS}
+    mixed = run_lines(None, interleaved(120))
+    assert any(MODEL in models and len(models) > 1 for models in mixed.together)
+    assert switches(mixed) == 119 and switches(engine) < 119 / 4
+
+
+def test_base_lines_mix_with_adapters_where_the_kernels_allow_it() -> None:
+    rule = AdapterRule(frozenset({MODEL}), max_loras=1, base_apart=False)
+    engine = run_lines(rule, interleaved(80))
+    assert all(len(models - {MODEL}) <= 1 for models in engine.together)
+    assert any(MODEL in models and len(models) == 2 for models in engine.together)
+
+
+def test_a_line_without_a_model_is_a_base_line() -> None:
+    rule = AdapterRule(frozenset({MODEL, "alias"}), max_loras=1, base_apart=True)
+    assert rule.adapter_of({}) is None and rule.adapter_of({"model": "alias"}) is None
+    assert rule.adapter_of({"model": ["x"]}) is None and rule.adapter_of({"model": "a1"}) == "a1"
+
+
+def adapter_folder(root: Path, name: str, base: str | None) -> Path:
+    folder = root / name
+    folder.mkdir(parents=True)
+    config = {"peft_type": "LORA", "r": 4, "base_model_name_or_path": base}
+    (folder / "adapter_config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_a_folder_serves_the_adapters_of_its_base_model(tmp_path: Path) -> None:
+    adapter_folder(tmp_path, "mine", f"/models/{MODEL}")
+    adapter_folder(tmp_path, "hub-id", f"HuggingFaceTB/{MODEL}")
+    adapter_folder(tmp_path, "unrecorded", None)
+    adapter_folder(tmp_path, "other", "meta-llama/Llama-3.2-1B")
+    (tmp_path / "no-config").mkdir()
+    (tmp_path / "file.txt").write_text("x")
+    with pytest.raises(ValueError, match="not a folder"):
+        folder_adapters(tmp_path / "file.txt", [MODEL])
+    found = folder_adapters(tmp_path, [MODEL])
+    assert [(a.name, a.path) for a in found] == [
+        ("hub-id", tmp_path / "hub-id"),
+        ("mine", tmp_path / "mine"),
+        ("unrecorded", tmp_path / "unrecorded"),
+    ]
+
+
+def test_an_adapter_loads_once_and_a_failed_load_is_remembered(tmp_path: Path) -> None:
+    good = adapter_folder(tmp_path, "good", MODEL)
+    adapter_folder(tmp_path, "bad", MODEL)
+    loads: list[str] = []
+
+    async def load(name: str, path: Path) -> str | None:
+        loads.append(name)
+        await asyncio.sleep(0.01)
+        return None if path == good else "no adapter_model.safetensors"
+
+    async def scenario() -> list[str | None]:
+        folder = AdapterFolder(folder_adapters(tmp_path, [MODEL]), load)
+        names = ["good", "bad", "good", "bad", MODEL, "unknown", None]
+        return list(await asyncio.gather(*(folder.problem(n) for n in names)))
+
+    problems = asyncio.run(scenario())
+    assert sorted(loads) == ["bad", "good"]
+    bad = f"The LoRA adapter 'bad' cannot be loaded from {tmp_path / 'bad'}: no adapter_model"
+    assert problems == [None, f"{bad}.safetensors", None, f"{bad}.safetensors", None, None, None]

@@ -1,0 +1,336 @@
+"""Anthropic's Message Batches API, driven with the official `anthropic` SDK against the real app.
+
+The API tests run batches on the real worker loop with a scripted engine that answers
+`/v1/messages` in Anthropic's shape (its text: the last message reversed), on SQLite and
+PostgreSQL. One test runs SmolLM2 on the real vLLM engine: Message Batch results, and an
+OpenAI batch of `/v1/messages` lines, equal vLLM's own `/v1/messages` answers (greedy).
+"""
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import orjson
+import pytest
+from anthropic.types.messages import MessageBatch, MessageBatchSucceededResult
+
+from app.config import Settings
+from app.core.progress import Usage
+from app.db.session import session_scope
+from app.endpoints import MESSAGES
+from app.services.auth import create_key
+from tests.engine_fixtures import (
+    MODEL,
+    chat_line,
+    deployment,
+    file_lines,
+    jsonl,
+    line,
+    smollm2_args,
+    start_batch,
+    wait_status,
+)
+from tests.fake_engine import FakeEngine, ThreadedWorker, fast
+from tests.harness import RunningServer, free_port, running_server
+from worker.engine import EngineResult, error_result
+
+ADMIN_KEY = "sk-admin-message-batches"
+DAY = 24 * 3600
+
+
+class MessagesEngine(FakeEngine):
+    """The scripted engine, answering `/v1/messages` as Anthropic's Messages API does."""
+
+    async def run(self, endpoint: str, body: dict[str, Any], request_id: str) -> EngineResult:
+        result = await super().run(endpoint, body, request_id)
+        if endpoint != MESSAGES or not result.ok:
+            return result
+        if "max_tokens" not in body:
+            return error_result(400, "1 validation error: max_tokens: Field required")
+        text = result.body["choices"][0]["message"]["content"]
+        message = {
+            "id": f"chatcmpl-{request_id}",
+            "type": "message",
+            "role": "assistant",
+            "model": body["model"],
+            "content": [{"type": "text", "text": text}],
+            "stop_reason": "end_turn",
+            "stop_sequence": None,
+            "usage": {"input_tokens": 3, "output_tokens": 2},
+        }
+        return EngineResult(200, message, Usage(input_tokens=3, output_tokens=2))
+
+
+@pytest.fixture
+def keys(settings: Settings) -> dict[str, str]:
+    with session_scope(settings) as session:
+        return {project: create_key(session, project)[1] for project in ("alpha", "beta")}
+
+
+@pytest.fixture
+def server(settings: Settings, keys: dict[str, str]) -> Iterator[RunningServer]:
+    with running_server(fast(settings, admin_key=ADMIN_KEY)) as running:
+        yield running
+
+
+@pytest.fixture
+def engine(server: RunningServer) -> Iterator[MessagesEngine]:
+    engine = MessagesEngine()
+    with ThreadedWorker(server.settings, engine):
+        yield engine
+
+
+def sdk(server: RunningServer, key: str) -> anthropic.Anthropic:
+    return anthropic.Anthropic(
+        base_url=server.url, api_key=key, max_retries=0, _strict_response_validation=True
+    )
+
+
+@pytest.fixture
+def alpha(server: RunningServer, keys: dict[str, str]) -> Iterator[anthropic.Anthropic]:
+    with sdk(server, keys["alpha"]) as client:
+        yield client
+
+
+def params(text: str, **extra: Any) -> dict[str, Any]:
+    message = {"role": "user", "content": text}
+    return {"model": MODEL, "max_tokens": 16, "messages": [message], **extra}
+
+
+def requests(*texts: str, **extra: Any) -> list[Any]:
+    return [{"custom_id": f"r-{i}", "params": params(t, **extra)} for i, t in enumerate(texts)]
+
+
+def wait_ended(client: anthropic.Anthropic, batch_id: str, timeout: float = 60) -> MessageBatch:
+    deadline = time.monotonic() + timeout
+    while (batch := client.messages.batches.retrieve(batch_id)).processing_status != "ended":
+        assert time.monotonic() < deadline, f"{batch_id} still {batch.processing_status}"
+        time.sleep(0.05)
+    return batch
+
+
+def anthropic_error(exc: anthropic.APIStatusError) -> dict[str, Any]:
+    body = exc.body
+    assert isinstance(body, dict) and body["type"] == "error", body
+    error: dict[str, Any] = body["error"]
+    return error
+
+
+def test_create_run_results_and_delete(
+    alpha: anthropic.Anthropic, engine: MessagesEngine, server: RunningServer, keys: dict[str, str]
+) -> None:
+    batch_requests = requests("hello", "world")
+    no_max = {k: v for k, v in params("x").items() if k != "max_tokens"}
+    batch_requests.append({"custom_id": "no-max", "params": no_max})
+    created = alpha.messages.batches.create(requests=batch_requests)
+    assert created.id.startswith("msgbatch_") and created.type == "message_batch"
+    assert created.processing_status == "in_progress" and created.results_url is None
+    assert created.request_counts.processing == 3 and created.ended_at is None
+    assert (created.expires_at - created.created_at).total_seconds() == DAY
+
+    ended = wait_ended(alpha, created.id)
+    counts = ended.request_counts
+    assert (counts.processing, counts.succeeded, counts.errored) == (0, 2, 1)
+    assert (counts.canceled, counts.expired) == (0, 0)
+    assert ended.ended_at is not None and ended.cancel_initiated_at is None
+    assert ended.results_url == f"{server.url}/v1/messages/batches/{created.id}/results"
+
+    by_id = {item.custom_id: item.result for item in alpha.messages.batches.results(created.id)}
+    assert set(by_id) == {"r-0", "r-1", "no-max"}
+    hello = by_id["r-0"]
+    assert isinstance(hello, MessageBatchSucceededResult)
+    assert hello.message.role == "assistant" and hello.message.content[0].type == "text"
+    assert hello.message.content[0].text == "olleh" and hello.message.usage.output_tokens == 2
+    errored = by_id["no-max"]
+    assert errored.type == "errored" and errored.error.error.type == "invalid_request_error"
+    assert "max_tokens" in errored.error.error.message
+
+    # One core: the same batch is an OpenAI batch of `/v1/messages` lines.
+    with openai.OpenAI(base_url=server.base_url, api_key=keys["alpha"], max_retries=0) as oai:
+        same = oai.batches.retrieve(created.id)
+        assert same.endpoint == MESSAGES and same.status == "completed"
+        assert same.request_counts is not None and same.request_counts.completed == 2
+        input_file_id = same.input_file_id
+
+        deleted = alpha.messages.batches.delete(created.id)
+        assert (deleted.id, deleted.type) == (created.id, "message_batch_deleted")
+        with pytest.raises(openai.NotFoundError):
+            oai.batches.retrieve(created.id)
+        with pytest.raises(openai.NotFoundError):
+            oai.files.retrieve(input_file_id)
+    with pytest.raises(anthropic.NotFoundError) as gone:
+        alpha.messages.batches.retrieve(created.id)
+    assert anthropic_error(gone.value)["type"] == "not_found_error"
+    with pytest.raises(anthropic.NotFoundError):
+        alpha.messages.batches.delete(created.id)
+
+
+def test_list_pages_with_both_cursors(
+    alpha: anthropic.Anthropic, server: RunningServer, keys: dict[str, str]
+) -> None:
+    ids = [alpha.messages.batches.create(requests=requests(f"b{i}")).id for i in range(3)]
+    oldest, middle, newest = ids
+    with openai.OpenAI(base_url=server.base_url, api_key=keys["alpha"], max_retries=0) as oai:
+        lines = jsonl([chat_line("c")])
+        openai_batch = start_batch(oai, lines)  # an OpenAI batch is no Message Batch
+
+    first = alpha.messages.batches.list(limit=2)
+    assert [b.id for b in first.data] == [newest, middle]
+    assert (first.has_more, first.first_id, first.last_id) == (True, newest, middle)
+    after = alpha.messages.batches.list(limit=2, after_id=middle)
+    assert [b.id for b in after.data] == [oldest] and after.has_more is False
+    before = alpha.messages.batches.list(limit=1, before_id=oldest)
+    assert [b.id for b in before.data] == [middle] and before.has_more is True
+    newer = alpha.messages.batches.list(limit=5, before_id=middle)
+    assert [b.id for b in newer.data] == [newest] and newer.has_more is False
+    # The SDK's auto-pagination follows `last_id` with `after_id`.
+    assert [b.id for b in alpha.messages.batches.list(limit=1)] == [newest, middle, oldest]
+    assert openai_batch not in {b.id for b in alpha.messages.batches.list(limit=1000)}
+
+    with pytest.raises(anthropic.BadRequestError) as too_many:
+        alpha.messages.batches.list(limit=1001)
+    assert anthropic_error(too_many.value)["type"] == "invalid_request_error"
+    with pytest.raises(anthropic.NotFoundError):
+        alpha.messages.batches.retrieve(openai_batch)
+
+
+def test_cancel_aborts_and_ends_canceled(
+    alpha: anthropic.Anthropic, engine: MessagesEngine
+) -> None:
+    created = alpha.messages.batches.create(requests=requests("slow", "slower", delay=60))
+    deadline = time.monotonic() + 60
+    while len(engine.calls) < 2:
+        assert time.monotonic() < deadline, "the worker never started the requests"
+        time.sleep(0.05)
+
+    with pytest.raises(anthropic.BadRequestError) as running:
+        alpha.messages.batches.delete(created.id)
+    assert "still processing" in anthropic_error(running.value)["message"]
+    with pytest.raises(anthropic.AnthropicError, match="results_url"):
+        alpha.messages.batches.results(created.id)  # the SDK asks only once it has ended
+
+    canceling = alpha.messages.batches.cancel(created.id)
+    assert canceling.processing_status in ("canceling", "ended")
+    assert canceling.cancel_initiated_at is not None
+    ended = wait_ended(alpha, created.id)
+    assert ended.request_counts.canceled == 2 and ended.request_counts.processing == 0
+    types = [item.result.type for item in alpha.messages.batches.results(created.id)]
+    assert types == ["canceled", "canceled"]
+    assert len(engine.aborted) == 2  # the in-flight requests were stopped in the engine
+    assert alpha.messages.batches.delete(created.id).id == created.id
+
+
+def test_errors_are_anthropics_and_keys_scope_batches(
+    alpha: anthropic.Anthropic, server: RunningServer, keys: dict[str, str]
+) -> None:
+    created = alpha.messages.batches.create(requests=requests("mine"))
+    with sdk(server, keys["beta"]) as beta:
+        with pytest.raises(anthropic.NotFoundError):
+            beta.messages.batches.retrieve(created.id)
+        assert beta.messages.batches.list().data == []
+    stranger = sdk(server, "sk-not-a-key")
+    with stranger, pytest.raises(anthropic.AuthenticationError) as refused:
+        stranger.messages.batches.list()
+    assert anthropic_error(refused.value)["type"] == "authentication_error"
+    # Anthropic's own header, as older SDKs and curl send it.
+    headers = {"x-api-key": keys["alpha"], "anthropic-version": "2023-06-01"}
+    with httpx.Client(base_url=server.url, headers=headers) as http:
+        listed = http.get("/v1/messages/batches").json()
+        assert [b["id"] for b in listed["data"]] == [created.id]
+        empty = http.post("/v1/messages/batches", json={"requests": []})
+        assert empty.status_code == 400
+        assert empty.json()["error"]["type"] == "invalid_request_error"
+        early = http.get(f"/v1/messages/batches/{created.id}/results")
+        assert early.status_code == 400 and early.json()["type"] == "error"
+        # The OpenAI routes keep OpenAI's error shape.
+        openai_404 = http.get("/v1/batches/batch_nope", headers={"authorization": "Bearer x"})
+        assert openai_404.status_code == 401 and "type" not in openai_404.json()
+
+    twice = [*requests("a"), *requests("b")]
+    with pytest.raises(anthropic.BadRequestError) as duplicate:
+        alpha.messages.batches.create(requests=twice)
+    assert "unique" in anthropic_error(duplicate.value)["message"]
+    with pytest.raises(anthropic.BadRequestError) as unknown:
+        alpha.messages.batches.create(requests=requests("x", model="no-such-model"))
+    assert "no-such-model" in anthropic_error(unknown.value)["message"]
+    bad_id: list[Any] = [{"custom_id": "has space", "params": params("x")}]
+    with pytest.raises(anthropic.BadRequestError):
+        alpha.messages.batches.create(requests=bad_id)
+
+
+def test_a_refused_image_url_fails_validation_as_errored_results(
+    alpha: anthropic.Anthropic,
+) -> None:
+    """An Anthropic image `source` URL is judged like an OpenAI `image_url` (no worker ever
+    fetches a metadata address): the batch fails validation, every request `errored`."""
+    image = {"type": "image", "source": {"type": "url", "url": "http://169.254.169.254/a.png"}}
+    looking = params("x")
+    looking["messages"] = [{"role": "user", "content": [image, {"type": "text", "text": "?"}]}]
+    batch_requests: list[Any] = [
+        *requests("fine"),
+        {"custom_id": "image", "params": looking},
+    ]
+    created = alpha.messages.batches.create(requests=batch_requests)
+    ended = wait_ended(alpha, created.id)
+    assert ended.request_counts.errored == 2 and ended.request_counts.processing == 0
+    by_id = {item.custom_id: item.result for item in alpha.messages.batches.results(created.id)}
+    refused = by_id["image"]
+    assert refused.type == "errored" and "169.254.169.254" in refused.error.error.message
+    assert by_id["r-0"].type == "errored"  # the batch failed as a whole, as OpenAI's does
+
+
+# -- The real engine: one SmolLM2 worker, its online API serving vLLM's own /v1/messages --
+
+
+@pytest.mark.engine
+@pytest.mark.backends("sqlite")
+def test_results_equal_vllms_own_messages(smollm2: Path, tmp_path: Path) -> None:
+    texts = ["Name three colors.", "What is the capital of France?"]
+    asked: list[Any] = [params(t, max_tokens=24, temperature=0) for t in texts]
+    with deployment("sqlite", tmp_path) as running:
+        with session_scope(running.settings) as session:
+            key = create_key(session, "default", role="admin")[1]
+        port = free_port()
+        worker = running.start_worker(
+            "messages-1", [*smollm2_args(smollm2), "--online-port", str(port)]
+        )
+        worker.wait_ready(timeout=900)
+        with sdk(running.server, key) as client:
+            created = client.messages.batches.create(
+                requests=[{"custom_id": f"m-{i}", "params": p} for i, p in enumerate(asked)]
+            )
+            ended = wait_ended(client, created.id, timeout=600)
+            assert ended.request_counts.succeeded == 2
+            typed = {r.custom_id: r.result for r in client.messages.batches.results(created.id)}
+            assert all(isinstance(r, MessageBatchSucceededResult) for r in typed.values())
+        sent = httpx.get(str(ended.results_url), headers={"x-api-key": key})
+        answered = {
+            r["custom_id"]: r["result"] for r in map(orjson.loads, sent.content.splitlines())
+        }
+        with openai.OpenAI(base_url=running.server.base_url, api_key=key, max_retries=0) as oai:
+            lines = [line(f"o-{i}", MESSAGES, p) for i, p in enumerate(asked)]
+            batch_id = start_batch(oai, jsonl(lines), endpoint=MESSAGES)
+            done = wait_status(oai, batch_id, "completed", "failed", timeout=600)
+            assert done.status == "completed", done.errors
+            outputs = {o["custom_id"]: o["response"] for o in file_lines(oai, done.output_file_id)}
+        headers = {"authorization": f"Bearer {key}"}
+        for i, p in enumerate(asked):
+            own = httpx.post(
+                f"http://127.0.0.1:{port}/v1/messages", json=p, headers=headers, timeout=300
+            )
+            assert own.status_code == 200, own.text
+            reference = without_id(own.json())
+            result = answered[f"m-{i}"]
+            assert result["type"] == "succeeded"
+            assert without_id(result["message"]) == reference
+            assert outputs[f"o-{i}"]["status_code"] == 200
+            assert without_id(outputs[f"o-{i}"]["body"]) == reference
+            assert reference["content"][0]["text"]  # the model said something
+
+
+def without_id(message: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in message.items() if k != "id"}

@@ -1,0 +1,168 @@
+"""LoRA adapters per line: which requests may share the engine, and adapters found in a folder.
+
+A line's `model` names the worker's base model or one of its adapters. The scheduler keeps at
+most `--max-loras` adapters in flight at once, so vLLM never swaps adapters in and out of its
+slots within a step, and runs a pool's lines adapter by adapter instead of in input order.
+
+On CPU it also never runs base-model requests beside adapter requests. vLLM 0.32's CPU LoRA
+kernels (`vllm/lora/ops/torch_ops/lora_ops.py`, used by `PunicaWrapperCPU`) select each
+token's adapter as `lora_b_weights[index]`, and a base request's index is -1: once an adapter
+shares the step, the base request gets the weights of the last adapter slot, and answers as
+that adapter does whenever that slot holds one (`LLM.chat` alone shows it, with --max-loras 1).
+Steps of base requests only answer right, and the GPU kernels skip index -1: elsewhere base
+and adapter requests mix freely.
+
+`--lora-dir DIR`: each sub-folder of DIR holding a PEFT LoRA (`adapter_config.json`) for the
+worker's base model is served under the folder's name, announced at start and loaded into the
+engine when a line first names it.
+"""
+
+import asyncio
+import json
+import logging
+from collections import Counter, defaultdict
+from collections.abc import Awaitable, Callable, Hashable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("overnight.worker")
+
+ADAPTER_CONFIG = "adapter_config.json"
+# A line's error code when the adapter it names cannot be loaded into the engine.
+ADAPTER_LOAD_FAILED = "adapter_load_failed"
+
+# Loads an adapter (name, folder) into the engine: None once loaded, else why not.
+LoadAdapter = Callable[[str, Path], Awaitable[str | None]]
+
+
+@dataclass(frozen=True)
+class AdapterRule:
+    """Which requests may be in the engine together."""
+
+    base_names: frozenset[str]
+    max_loras: int
+    # Base requests never share the engine with adapter requests (the CPU bug above).
+    base_apart: bool
+
+    def adapter_of(self, body: dict[str, Any]) -> str | None:
+        """The adapter a request names; None for the base model (also when it names none)."""
+        model = body.get("model")
+        if not isinstance(model, str) or not model or model in self.base_names:
+            return None
+        return model
+
+
+class InFlightAdapters:
+    """The adapters (None: the base model) of the requests in the engine, counted."""
+
+    def __init__(self, rule: AdapterRule) -> None:
+        self.rule = rule
+        self._running: Counter[str | None] = Counter()
+
+    def admits(self, adapter: str | None) -> bool:
+        running = self._running
+        if adapter in running or not running:
+            return True
+        if adapter is None:
+            return not self.rule.base_apart
+        if self.rule.base_apart and None in running:
+            return False
+        return len(running) - (None in running) < self.rule.max_loras
+
+    def admits_group(self, key: Hashable) -> bool:
+        """Whether a scheduler group (keyed `(adapter, prefix)`) may join those in flight."""
+        return isinstance(key, tuple) and self.admits(key[0])
+
+    def first_group(self, keys: Iterable[Hashable], current: Hashable) -> Hashable:
+        """The first group that may run now (None if none may), one of the `current` group's
+        adapter first: a switch of adapters drains the engine or swaps vLLM's adapter slots."""
+        adapter = current[0] if isinstance(current, tuple) else None
+        admitted = (key for key in keys if self.admits_group(key))
+        first = next(admitted, None)
+        if not isinstance(first, tuple) or first[0] == adapter:
+            return first
+        same = (key for key in admitted if isinstance(key, tuple) and key[0] == adapter)
+        return next(same, first)
+
+    def enter(self, adapter: str | None) -> None:
+        self._running[adapter] += 1
+
+    def leave(self, adapter: str | None) -> None:
+        self._running[adapter] -= 1
+        if self._running[adapter] <= 0:
+            del self._running[adapter]
+
+
+@dataclass(frozen=True)
+class FolderAdapter:
+    name: str
+    path: Path
+
+
+def folder_adapters(root: Path, base_names: list[str]) -> list[FolderAdapter]:
+    """The LoRA adapters of the base model in `root`'s sub-folders, by name.
+
+    An adapter whose recorded base (`base_model_name_or_path`) ends in another name than the
+    base model's folder or served names is skipped, as vLLM's own filesystem resolver does;
+    one that records no base is taken (vLLM checks its shapes when it loads it).
+    """
+    if not root.is_dir():
+        raise ValueError(f"--lora-dir {root}: not a folder")
+    bases = {Path(name).name for name in base_names}
+    found = []
+    for folder in sorted(p for p in root.iterdir() if p.is_dir()):
+        config = _adapter_config(folder)
+        if config is None or (config.get("peft_type") or "LORA") != "LORA":
+            continue
+        recorded = str(config.get("base_model_name_or_path") or "")
+        if recorded and Path(recorded).name not in bases:
+            log.warning("%s: an adapter of %s, not of %s: not served", folder, recorded, bases)
+            continue
+        found.append(FolderAdapter(folder.name, folder))
+    return found
+
+
+def _adapter_config(folder: Path) -> dict[str, Any] | None:
+    try:
+        config = json.loads((folder / ADAPTER_CONFIG).read_text())
+    except (OSError, ValueError):
+        return None
+    return config if isinstance(config, dict) else None
+
+
+class AdapterFolder:
+    """`--lora-dir`'s adapters, each loaded into the engine when a line first names it.
+
+    A failed load is remembered for the worker's life: every line naming that adapter gets
+    the same error at once instead of retrying a load that costs seconds.
+    """
+
+    def __init__(self, adapters: list[FolderAdapter], load: LoadAdapter) -> None:
+        self.adapters = {adapter.name: adapter for adapter in adapters}
+        self._load = load
+        self._loaded: set[str] = set()
+        self._failed: dict[str, str] = {}
+        self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+
+    async def problem(self, model: object) -> str | None:
+        """Why a line naming `model` cannot run; None once its adapter is loaded (or it names
+        no adapter of the folder)."""
+        if not isinstance(model, str) or model in self._loaded:
+            return None
+        adapter = self.adapters.get(model)
+        if adapter is None:
+            return None
+        async with self._locks[model]:
+            if model not in self._loaded and model not in self._failed:
+                await self._try_load(adapter)
+        return self._failed.get(model)
+
+    async def _try_load(self, adapter: FolderAdapter) -> None:
+        error = await self._load(adapter.name, adapter.path)
+        if error is None:
+            self._loaded.add(adapter.name)
+            return
+        message = f"The LoRA adapter '{adapter.name}' cannot be loaded from {adapter.path}: {error}"
+        log.warning("%s", message)
+        self._failed[adapter.name] = message

@@ -1,0 +1,61 @@
+"""The engine's LoRA side: vLLM's loaded adapters and its LoRA settings, for `worker.adapters`.
+
+Part of the engine adapter (vLLM 0.32 internals: the serving models' `lora_requests` and
+`load_lora_adapter`, the LoRA config and the platform), kept apart from `worker.engine`.
+"""
+
+from argparse import Namespace
+from pathlib import Path
+from typing import Any
+
+from app.schemas.models import AnnouncedAdapter
+from worker.adapters import AdapterFolder, AdapterRule, folder_adapters
+
+
+def announced_adapters(
+    state: Any, base: str, folder: AdapterFolder | None
+) -> list[AnnouncedAdapter]:
+    """The LoRA adapters vLLM loaded at start (`--lora-modules`), as its `/v1/models` lists them,
+    then those of `--lora-dir` (loaded on first use)."""
+    models = getattr(state, "openai_serving_models", None)
+    loaded = models.lora_requests.values() if models is not None else []
+    adapters = {
+        lora.lora_name: AnnouncedAdapter(
+            name=lora.lora_name, parent=lora.base_model_name or base, root=lora.path
+        )
+        for lora in loaded
+    }
+    for found in folder.adapters.values() if folder is not None else []:
+        adapters.setdefault(
+            found.name, AnnouncedAdapter(name=found.name, parent=base, root=str(found.path))
+        )
+    return list(adapters.values())
+
+
+def adapter_rule(client: Any, served_names: list[str]) -> AdapterRule | None:
+    """Which requests may share the engine when LoRA is on (`worker.adapters`)."""
+    lora = client.vllm_config.lora_config
+    if lora is None:
+        return None
+    from vllm.platforms import current_platform
+
+    on_cpu = bool(current_platform.is_cpu())
+    return AdapterRule(frozenset(served_names), int(lora.max_loras), base_apart=on_cpu)
+
+
+def adapter_folder(state: Any, args: Namespace, served_names: list[str]) -> AdapterFolder | None:
+    """`--lora-dir`'s adapters, loaded through vLLM's own `/v1/load_lora_adapter` path."""
+    root = getattr(args, "lora_dir", None)
+    models = getattr(state, "openai_serving_models", None)
+    if not root or models is None:
+        return None
+    from vllm.entrypoints.serve.lora.protocol import LoadLoRAAdapterRequest
+
+    async def load(name: str, path: Path) -> str | None:
+        request = LoadLoRAAdapterRequest(lora_name=name, lora_path=str(path))
+        result = await models.load_lora_adapter(request, base_model_name=served_names[0])
+        if isinstance(result, str) or name in models.lora_requests:
+            return None
+        return str(result.error.message)
+
+    return AdapterFolder(folder_adapters(Path(root), [*served_names, str(args.model)]), load)
