@@ -71,12 +71,15 @@ def test_operation_ids_and_schema_names_are_openai_s() -> None:
     }.items():
         body = ops[by_id[op_id]]["requestBody"]["content"]["application/json"]["schema"]
         assert body == {"$ref": f"#/components/schemas/{name}"}, op_id
-    # Errors are OpenAI's envelope, never FastAPI's 422.
+    # Errors are OpenAI's envelope (Anthropic's on its routes), never FastAPI's 422.
     for (method, path), op in ops.items():
         assert "422" not in op["responses"], (method, path)
         if path.startswith("/v1/"):
+            envelope = (
+                "AnthropicErrorResponse" if path.startswith("/v1/messages/") else "ErrorResponse"
+            )
             assert op["responses"]["4XX"]["content"]["application/json"]["schema"] == {
-                "$ref": "#/components/schemas/ErrorResponse"
+                "$ref": f"#/components/schemas/{envelope}"
             }
     # Internal pages stay out of the API description.
     assert not any(path.startswith(("/dashboard", "/metrics")) for _m, path in ops)

@@ -10,9 +10,11 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import parse_qsl
 
+from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.errors import OpenAIError, error_response
+from app.schemas.message_batches import ANTHROPIC_PATHS, anthropic_error
 
 NUL = "\x00"
 
@@ -59,7 +61,7 @@ class RejectNulMiddleware:
         if scope["type"] == "http":
             error = self._refusal(scope)
             if error is not None:
-                await error_response(error)(scope, receive, send)
+                await _answer(scope["path"], error)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
@@ -75,3 +77,11 @@ class RejectNulMiddleware:
                 if NUL in name or NUL in value:
                     return nul_refused(name)
         return None
+
+
+def _answer(path: str, error: OpenAIError) -> JSONResponse:
+    """The refusal in the envelope of the API the path belongs to."""
+    if path.startswith(ANTHROPIC_PATHS):
+        body = anthropic_error(error.status_code, error.message)
+        return JSONResponse(body, status_code=error.status_code)
+    return error_response(error)

@@ -15,6 +15,8 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
 
+from app.schemas.message_batches import ANTHROPIC_PATHS
+
 OPERATION_IDS = {
     ("POST", "/v1/files"): "createFile",
     ("GET", "/v1/files"): "listFiles",
@@ -79,7 +81,20 @@ ERROR_SCHEMAS: dict[str, Any] = {
         "properties": {"error": {"$ref": "#/components/schemas/Error"}},
         "required": ["error"],
     },
+    "AnthropicErrorResponse": {
+        "type": "object",
+        "properties": {
+            "type": {"type": "string", "enum": ["error"]},
+            "error": {
+                "type": "object",
+                "properties": {"type": {"type": "string"}, "message": {"type": "string"}},
+                "required": ["type", "message"],
+            },
+        },
+        "required": ["type", "error"],
+    },
 }
+
 REF = "#/components/schemas/"
 
 
@@ -159,11 +174,13 @@ def _errors_and_security(doc: dict[str, Any]) -> None:
     for unused in ("HTTPValidationError", "ValidationError"):
         components["schemas"].pop(unused, None)
     components["securitySchemes"] = {"ApiKeyAuth": {"type": "http", "scheme": "bearer"}}
-    error = {
-        "description": "OpenAI's error envelope.",
-        "content": {"application/json": {"schema": {"$ref": REF + "ErrorResponse"}}},
-    }
     for path, item in doc.get("paths", {}).items():
+        anthropic = path.startswith(ANTHROPIC_PATHS)
+        envelope = "AnthropicErrorResponse" if anthropic else "ErrorResponse"
+        error = {
+            "description": f"{'Anthropic' if anthropic else 'OpenAI'}'s error envelope.",
+            "content": {"application/json": {"schema": {"$ref": REF + envelope}}},
+        }
         for op in item.values():
             responses = op.setdefault("responses", {})
             responses.pop("422", None)

@@ -105,6 +105,10 @@ _BY_STATUS = {
 }
 
 
+# Where Anthropic's routes are: they answer errors in Anthropic's envelope.
+ANTHROPIC_PATHS = "/v1/messages/batches"
+
+
 def anthropic_error(status_code: int, message: str) -> dict[str, Any]:
     """`{"type": "error", "error": {"type", "message"}}`: a response's body, or a result's."""
     kind = AnthropicErrorType.of_status(status_code)
