@@ -1,9 +1,11 @@
 """The base of overnight's ASGI middlewares: they act on HTTP requests only."""
 
+from abc import ABC, abstractmethod
+
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 
-class HttpMiddleware:
+class HttpMiddleware(ABC):
     """Passes lifespan and websocket traffic through untouched; `handle` sees each request."""
 
     def __init__(self, app: ASGIApp) -> None:
@@ -15,5 +17,6 @@ class HttpMiddleware:
             return
         await self.handle(scope, receive, send)
 
+    @abstractmethod
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
-        raise NotImplementedError
+        """What the middleware does with one HTTP request."""
