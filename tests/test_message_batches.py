@@ -244,8 +244,12 @@ def test_errors_are_anthropics_and_keys_scope_batches(
         empty = http.post("/v1/messages/batches", json={"requests": []})
         assert empty.status_code == 400
         assert empty.json()["error"]["type"] == "invalid_request_error"
+        # Ours: before the end, the results so far (none yet), marked incomplete.
         early = http.get(f"/v1/messages/batches/{created.id}/results")
-        assert early.status_code == 400 and early.json()["type"] == "error"
+        assert early.status_code == 200 and early.text == ""
+        assert early.headers["overnight-results-complete"] == "false"
+        gone = http.get("/v1/messages/batches/msgbatch_nope/results")
+        assert gone.status_code == 404 and gone.json()["error"]["type"] == "not_found_error"
         # The OpenAI routes keep OpenAI's error shape.
         openai_404 = http.get("/v1/batches/batch_nope", headers={"authorization": "Bearer x"})
         assert openai_404.status_code == 401 and "type" not in openai_404.json()

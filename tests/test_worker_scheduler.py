@@ -83,6 +83,24 @@ def test_responses_prefixes_and_malformed_inputs() -> None:
         assert prefix_key(RESPONSES, {"input": bad}) == ""
 
 
+def test_requests_without_a_prefix_run_after_prefixed_ones() -> None:
+    """A line no prefix is computed for (an unknown url, a /v1/messages line) waits in the
+    group keyed None: it runs like any other, never taken for "no group may run"."""
+
+    async def scenario() -> list[int]:
+        engine = FakeEngine(delay=0.01)
+        scheduler = Scheduler(engine, window=1, lookahead=100)
+        sink = Collector()
+        await scheduler.submit(job(sink, 0, chat("warm-up", delay=0.05)))
+        await scheduler.submit(job(sink, 1, chat("q1", "A" * 300)))
+        await scheduler.submit(Job(sink, "b1", "/bad_url", 2, "c2", chat("q2")))
+        await scheduler.submit(job(sink, 3, chat("q3", "A" * 300)))
+        await asyncio.wait_for(drain(scheduler, sink, 4), 10)
+        return sorted(j.line for j, _, _ in sink.results)
+
+    assert asyncio.run(scenario()) == [0, 1, 2, 3]
+
+
 def test_grouping_off_keeps_input_order() -> None:
     async def scenario() -> list[str]:
         engine = FakeEngine(delay=0.01)

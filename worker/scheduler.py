@@ -122,6 +122,10 @@ def _messages_prefix(messages: object, chars: int) -> Hashable:
     return "\n".join(parts)[:chars]
 
 
+# No group may run now; not None, which is the key of the requests without a prefix.
+_NONE_ADMITTED = object()
+
+
 class Scheduler:
     """Feeds an engine from any number of sinks; one per worker process."""
 
@@ -212,7 +216,7 @@ class Scheduler:
                 # Others waited a whole pool's worth: the current prefix goes to the back.
                 self._groups.move_to_end(key)
             key = self._first_admitted()
-            if key is None:
+            if key is _NONE_ADMITTED:
                 return None
             self._burst = 0
         group = self._groups[key]
@@ -227,7 +231,8 @@ class Scheduler:
     def _first_admitted(self) -> Hashable:
         if self._adapters is None:
             return next(iter(self._groups))
-        return self._adapters.first_group(self._groups, self._current)
+        key = self._adapters.first_group(self._groups, self._current)
+        return _NONE_ADMITTED if key is None else key
 
     def _enter(self, job: Job) -> None:
         self._in_flight[job] = None
