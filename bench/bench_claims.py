@@ -56,7 +56,7 @@ from app.db.session import session_scope, upgrade
 from app.schemas.batches import CreateBatchRequest
 from app.services import batches
 from app.services.auth import ensure_project
-from app.services.validation import validate_pending
+from app.services.steps.validation import validate_pending
 from tests.batch_sim import jsonl, request_line, store_input_file
 from tests.harness import POSTGRES_ADMIN_URL, fresh_database
 

@@ -167,7 +167,7 @@ class Overnight:
         return str(batch_sim.load_batch(self.settings, batch_id).status)
 
     async def run(self) -> Run:
-        from app.services.validation import validate_pending
+        from app.services.steps.validation import validate_pending
 
         batch_id = await asyncio.to_thread(self._create)
         await asyncio.to_thread(validate_pending, self.settings, "bench")

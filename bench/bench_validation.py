@@ -26,7 +26,7 @@ from app.schemas.batches import CreateBatchRequest
 from app.services import batches
 from app.services.auth import DEFAULT_PROJECT, ensure_project
 from app.services.files import create_file_from_storage, file_storage_key
-from app.services.validation import validate_pending
+from app.services.steps.validation import validate_pending
 from app.storage import storage_for
 from app.storage.base import put
 from tests.harness import fresh_database

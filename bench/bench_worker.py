@@ -399,7 +399,7 @@ def memory_child(lines: int, target: str) -> None:
     from app.schemas.batches import CreateBatchRequest
     from app.services import batches
     from app.services.auth import DEFAULT_PROJECT, ensure_project
-    from app.services.validation import validate_pending
+    from app.services.steps.validation import validate_pending
     from tests import batch_sim
     from tests.fake_engine import FakeEngine
     from worker.loop import Worker, WorkerOptions

@@ -25,16 +25,16 @@ from app.db.session import engine_for, read_session_factory, session_scope
 from app.schemas.batches import CreateBatchRequest
 from app.services import batches
 from app.services.auth import DEFAULT_PROJECT, ensure_project
-from app.services.validation import validate_pending
+from app.services.steps.chunk_cleanup import delete_leftover_chunks
+from app.services.steps.finalization import finalize_ready_batches
+from app.services.steps.validation import validate_pending
 from app.storage import Storage, storage_of
 from tests import batch_sim as sim
 from tests.engine_fixtures import chat_line, jsonl
 from tests.fake_engine import FakeEngine, fast
 from tests.fault_points import FaultingStorage, Injector, recorded_chunk_check
 from tests.test_finalizer import lines_of
-from worker.chunk_cleanup import delete_leftover_chunks
 from worker.engine import EngineResult
-from worker.finalizer import finalize_ready_batches
 from worker.loop import Worker, WorkerOptions
 
 log = logging.getLogger("tests.faults")

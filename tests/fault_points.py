@@ -80,17 +80,36 @@ _PUT = (Event.PUT_BEFORE, Event.PUT_AFTER)
 _DELETE = (Event.DELETE_BEFORE, Event.DELETE_AFTER)
 
 _SITES: list[tuple[Site, tuple[Event, Event]]] = [
-    (Site("validation.claim", Path.BATCH, "app.services.validation.claim_next"), _COMMIT),
-    (Site("validation.record", Path.BATCH, "app.services.validation.record"), _COMMIT),
+    (Site("validation.claim", Path.BATCH, "app.services.steps.validation.claim_next"), _COMMIT),
+    (Site("validation.record", Path.BATCH, "app.services.steps.validation.record"), _COMMIT),
     (Site("shard.claim", Path.BATCH, "worker.loop.Worker._take_shard"), _COMMIT),
     (Site("checkpoint.chunk", Path.BATCH, "worker.writer.ResultWriter.write"), _PUT),
     (Site("checkpoint.record", Path.BATCH, "worker.shard.ShardRun._record"), _COMMIT),
-    (Site("finalizer.claim", Path.BATCH, "worker.finalizer._claim"), _COMMIT),
-    (Site("finalizer.merge.output", Path.BATCH, "worker.finalizer._LazyFile.commit"), _PUT),
-    (Site("finalizer.merge.error", Path.BATCH, "worker.finalizer._LazyFile.commit", nth=2), _PUT),
-    (Site("finalizer.record", Path.BATCH, "worker.finalizer._record"), _COMMIT),
-    (Site("finalizer.chunks", Path.BATCH, "worker.chunk_cleanup._delete_chunks"), _DELETE),
-    (Site("finalizer.chunk_rows", Path.BATCH, "worker.chunk_cleanup._delete_chunks"), _COMMIT),
+    (Site("finalizer.claim", Path.BATCH, "app.services.steps.finalization_claim.claim"), _COMMIT),
+    (
+        Site(
+            "finalizer.merge.output", Path.BATCH, "app.services.steps.output_files._LazyFile.commit"
+        ),
+        _PUT,
+    ),
+    (
+        Site(
+            "finalizer.merge.error",
+            Path.BATCH,
+            "app.services.steps.output_files._LazyFile.commit",
+            nth=2,
+        ),
+        _PUT,
+    ),
+    (Site("finalizer.record", Path.BATCH, "app.services.steps.finalization._record"), _COMMIT),
+    (
+        Site("finalizer.chunks", Path.BATCH, "app.services.steps.chunk_cleanup._delete_chunks"),
+        _DELETE,
+    ),
+    (
+        Site("finalizer.chunk_rows", Path.BATCH, "app.services.steps.chunk_cleanup._delete_chunks"),
+        _COMMIT,
+    ),
     (Site("files.bytes", Path.FILE, "app.services.file_intake.receive"), _PUT),
     (Site("files.register", Path.FILE, _TRANSACTION, writes="files"), _COMMIT),
     (Site("uploads.part", Path.UPLOAD, "app.services.uploads.store_part"), _PUT),

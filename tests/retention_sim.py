@@ -15,10 +15,10 @@ from app.schemas.batches import CreateBatchRequest
 from app.services import batches, monitoring
 from app.services.auth import DEFAULT_PROJECT, ensure_project
 from app.services.jsonl import iter_lines
-from app.services.validation import validate_pending
+from app.services.steps.finalization import finalize_ready_batches
+from app.services.steps.validation import validate_pending
 from app.storage import Storage
 from tests import batch_sim as sim
-from worker.finalizer import finalize_ready_batches
 
 DAY = 24 * 3600.0
 OWNER = "retention-test"

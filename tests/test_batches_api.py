@@ -21,12 +21,12 @@ from app.ids import new_batch_id
 from app.schemas.batches import CreateBatchRequest
 from app.services import batches as service
 from app.services.auth import DEFAULT_PROJECT, create_key, ensure_project
-from app.services.validation import validate_pending
+from app.services.steps.finalization import finalize_ready_batches
+from app.services.steps.validation import validate_pending
 from tests import batch_sim as sim
 from tests.forms import JSON_TYPE
 from tests.harness import RunningServer, running_server
 from tests.spec import assert_error, assert_matches_schema
-from worker.finalizer import finalize_ready_batches
 
 N = 23  # requests per test file: three shards of 10, 10 and 3
 

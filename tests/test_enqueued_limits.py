@@ -19,11 +19,11 @@ from app.db.session import engine_for, session_scope, upgrade
 from app.schemas.batches import CreateBatchRequest
 from app.services import batches, enqueued
 from app.services.auth import DEFAULT_PROJECT, ensure_project
-from app.services.validation import validate_pending
+from app.services.steps.finalization import finalize_ready_batches
+from app.services.steps.validation import validate_pending
 from tests.batch_sim import MODEL, requests_file, run_batch, store_input_file
 from tests.fake_engine import fast
 from tests.harness import running_server
-from worker.finalizer import finalize_ready_batches
 
 LINES = 6  # requests per batch; shards of 2 lines
 RETRY = "Please try again once some in_progress batches have been completed."

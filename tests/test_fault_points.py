@@ -15,7 +15,7 @@ import pytest
 
 from app.config import Settings
 from app.db.session import session_scope
-from app.services import batch_lease
+from app.services.steps import batch_lease, chunk_cleanup
 from tests.fake_engine import MODEL
 from tests.fault_api import api, assert_api_intact, send_through_faults
 from tests.fault_pipeline import (
@@ -39,7 +39,7 @@ from tests.fault_points import (
     Path,
 )
 from tests.harness import REPO
-from worker import chunk_cleanup, claim, shard
+from worker import claim, shard
 
 RECOVERY_SECONDS = 120.0
 

@@ -14,11 +14,11 @@ from app.db.session import session_scope, upgrade
 from app.schemas.batches import CreateBatchRequest
 from app.services import batches
 from app.services.auth import DEFAULT_PROJECT, ensure_project
-from app.services.validation import validate_pending
+from app.services.steps import chunk_cleanup, finalization, finalization_claim
+from app.services.steps.finalization import finalize_ready_batches
+from app.services.steps.validation import validate_pending
 from app.storage import storage_for
 from tests import batch_sim as sim
-from worker import chunk_cleanup, finalizer
-from worker.finalizer import finalize_ready_batches
 
 
 @pytest.fixture
@@ -123,13 +123,13 @@ def test_a_chunk_recorded_during_finalization_forces_a_retry(db: Settings) -> No
     _expire_shard_lease(db, batch_id)
     with session_scope(db) as session:  # the batch expires with nobody running it
         session.execute(update(Batch).where(Batch.id == batch_id).values(expires_at=0))
-    [(candidate, epoch)] = finalizer._candidates(db)
-    job = finalizer._claim(db, candidate, epoch, "f")
+    [(candidate, epoch)] = finalization_claim.candidates(db)
+    job = finalization_claim.claim(db, candidate, epoch, "f")
     assert job is not None and job.path == "expire"
     # ...and a worker that was thought dead records one more chunk before the finalizer commits.
     assert sim.write_chunk(db, claim, 50, [(3, sim.output_line("req-2", 200, {}))], done=False)
     storage = storage_for(str(db.storage_dir))
-    assert finalizer.finalize(db, storage, job) is False
+    assert finalization.finalize(db, storage, job) is False
     assert sim.load_batch(db, batch_id).status == "in_progress"
     assert finalize_ready_batches(db, "f") == 0  # that worker renewed its lease: wait for it
     _expire_shard_lease(db, batch_id)

@@ -24,16 +24,17 @@ from app.db.clock import read_db_now
 from app.db.models import Batch, Shard, WebhookDelivery, WebhookEndpoint
 from app.db.session import session_factory, session_scope
 from app.ids import new_id
-from app.services import batch_lease, schedule, singleton_lease, validation, webhook_delivery
+from app.services import schedule, singleton_lease, webhook_delivery
 from app.services.auth import ensure_project
 from app.services.housekeeping import PLANNER
 from app.services.lease import end_if_left_idle
+from app.services.steps import batch_lease, validation
+from app.services.steps.finalization import finalize_ready_batches
 from app.services.webhook_outbox import event_body, new_delivery, new_event_id
 from app.services.webhook_senders import Room
 from tests.batch_sim import store_input_file
 from tests.fake_engine import MODEL
 from worker import claim
-from worker.finalizer import finalize_ready_batches
 
 SKEW = 60.0
 SHORT_LEASE = 1.0

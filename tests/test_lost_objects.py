@@ -24,16 +24,17 @@ from app.core.states import ShardOutcome
 from app.db.models import Batch, ResultChunk, Shard
 from app.db.session import engine_for, session_scope
 from app.schemas.batches import CreateBatchRequest
-from app.services import batch_lease, batches
+from app.services import batches
 from app.services.auth import DEFAULT_PROJECT, ensure_project
-from app.services.validation import validate_pending
+from app.services.steps import batch_lease, finalization
+from app.services.steps.finalization import finalize_ready_batches
+from app.services.steps.validation import validate_pending
 from app.storage import storage_of
 from tests import batch_sim as sim
 from tests.engine_fixtures import chat_line, jsonl
 from tests.fake_engine import MODEL, FakeEngine
 from tests.test_finalizer import lines_of
-from worker import claim, finalizer
-from worker.finalizer import finalize_ready_batches
+from worker import claim
 from worker.scheduler import Scheduler
 from worker.shard import RunOptions, ShardRun
 
@@ -335,15 +336,15 @@ def test_failing_finalizations_back_off_and_never_hold_up_healthy_ones(
     poisoned = {ready_batch(db) for _ in range(60)}
     healthy = ready_batch(db)
     tried: list[str] = []
-    original = finalizer.finalize
+    original = finalization.finalize
 
-    def finalize(settings: Settings, storage: Any, job: finalizer.Finalization) -> bool:
+    def finalize(settings: Settings, storage: Any, job: finalization.Finalization) -> bool:
         tried.append(job.lease.batch_id)
         if job.lease.batch_id in poisoned:
             raise RuntimeError("a chunk this version cannot read")
         return original(settings, storage, job)
 
-    monkeypatch.setattr(finalizer, "finalize", finalize)
+    monkeypatch.setattr(finalization, "finalize", finalize)
     # Longer than the test runs on a loaded machine: no backoff ends unless the test says so.
     monkeypatch.setattr(batch_lease, "STEP_RETRY_SECONDS", (600.0, 3600.0))
     started = time.time()

@@ -19,12 +19,11 @@ from app import main as app_main
 from app.cli import main
 from app.config import Settings
 from app.db.session import engine_for
-from app.services import validation
+from app.services.steps import finalization, validation
 from app.storage import storage_for
 from tests.batch_sim import requests_file
 from tests.fake_engine import fast
 from tests.harness import RunningServer, running_server
-from worker import finalizer
 
 ADMIN = "sk-admin-quotas-test"
 REMEDY = "or have an admin raise the quota: POST /v1/admin/projects/{project}/quotas"
@@ -337,8 +336,8 @@ def test_one_projects_queue_does_not_hold_back_another_projects_batch(
         monkeypatch.setattr(validation, "validate", took)
         ended = "in_progress"
     else:
-        took = _recording(order, finalizer.finalize, lambda job: job.lease.batch_id)
-        monkeypatch.setattr(finalizer, "finalize", took)
+        took = _recording(order, finalization.finalize, lambda job: job.lease.batch_id)
+        monkeypatch.setattr(finalization, "finalize", took)
         ended = "cancelled"
     with running_server(keyed) as server, sdk(server, keys["a"]) as a, sdk(server, keys["b"]) as b:
         _wait(a, queued, ended)

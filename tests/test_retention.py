@@ -20,6 +20,7 @@ from app.schemas.uploads import UploadStatus
 from app.services import batches
 from app.services.file_expiry import delete_file, reclaim_deleted
 from app.services.retention import retain
+from app.services.steps.finalization import finalize_ready_batches
 from app.services.webhook_outbox import new_delivery
 from app.storage import storage_of
 from app.storage.base import put
@@ -41,7 +42,6 @@ from tests.retention_sim import (
     totals,
 )
 from worker import registry
-from worker.finalizer import finalize_ready_batches
 
 
 def test_an_ended_batch_keeps_its_batch_and_files_and_loses_its_rows_after_the_age(

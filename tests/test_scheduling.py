@@ -32,13 +32,13 @@ from app.db.session import engine_for, session_scope, upgrade
 from app.services import housekeeping, schedule, singleton_lease
 from app.services.auth import ensure_project
 from app.services.result_series import throughput_series
+from app.services.steps.chunk_cleanup import delete_chunks
 from app.storage import storage_of
 from tests.batch_sim import store_input_file
 from tests.engine_fixtures import chat_line, jsonl, start_batch, wait_status, wait_until
 from tests.fake_engine import MODEL, FakeEngine, ThreadedWorker, fast
 from tests.harness import RunningServer, fresh_database, running_server
 from worker import claim
-from worker.chunk_cleanup import delete_chunks
 
 LEASE = 30.0
 

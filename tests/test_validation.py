@@ -22,7 +22,8 @@ from app.schemas.batches import CreateBatchRequest
 from app.services import batches
 from app.services.auth import DEFAULT_PROJECT, ensure_project
 from app.services.jsonl import iter_lines, scan_lines
-from app.services.validation import validate_pending
+from app.services.steps.finalization import finalize_ready_batches
+from app.services.steps.validation import validate_pending
 from app.storage import storage_for
 from tests.batch_sim import (
     CHAT,
@@ -33,7 +34,6 @@ from tests.batch_sim import (
     requests_file,
     store_input_file,
 )
-from worker.finalizer import finalize_ready_batches
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -303,7 +303,7 @@ _SLOW_VALIDATOR = textwrap.dedent(
     """
     import sys, time
     from app.config import Settings
-    from app.services import validation
+    from app.services.steps import validation
 
     real_scan = validation.scan_lines
 

@@ -18,7 +18,7 @@ from app.endpoints import CHAT
 from app.schemas.batches import CreateBatchRequest
 from app.services import batches
 from app.services.auth import DEFAULT_PROJECT, ensure_project
-from app.services.validation import validate_pending
+from app.services.steps.validation import validate_pending
 from app.storage import storage_of
 from tests import batch_sim
 from tests.fake_engine import MODEL, FakeEngine, ThreadedWorker

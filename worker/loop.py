@@ -29,11 +29,11 @@ from app.core.states import FINALIZABLE_OUTCOMES, ShardOutcome
 from app.db.changes import ChangeWatch, watch_for
 from app.db.session import one_statement_scope, session_scope, upgrade
 from app.services.media_urls import MediaRule
+from app.services.steps.finalization import finalize_ready_batches
 from app.storage import Storage, storage_of
 from worker import claim, registry
 from worker.backoff import BackoffPolicy, follow_online_traffic
 from worker.engine import Engine, EngineDeadError
-from worker.finalizer import finalize_ready_batches
 from worker.health import Health, HealthState
 from worker.media_guard import MediaGuard
 from worker.outage import backoff, database_down, first_line, until_database

@@ -1,12 +1,12 @@
-"""Reading a leased shard's input lines, streamed (what it finished: `worker.recorded`)."""
+"""Reading a leased shard's input lines, streamed (what it finished: `steps.recorded`)."""
 
 from collections.abc import Iterator
 
 import orjson
 
 from app.core.leases import ShardLease
+from app.services.steps.lost_objects import input_lines
 from app.storage import Storage
-from worker.lost_objects import input_lines
 
 Request = tuple[int, str, str, dict[str, object]]
 

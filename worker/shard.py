@@ -10,7 +10,7 @@ exactly those lines again.
 
 A chunk whose record failed is deleted only if no row names it (a commit whose reply was lost
 recorded it all the same). A recorded chunk whose object is gone has its row dropped and its
-lines run again; an input file that is gone fails the batch (`worker.lost_objects`).
+lines run again; an input file that is gone fails the batch (`app.services.steps.lost_objects`).
 """
 
 import asyncio
@@ -31,12 +31,13 @@ from app.core.states import ShardOutcome
 from app.db.models import Batch
 from app.db.session import session_scope
 from app.services.lease import end_if_left_idle
+from app.services.steps import lost_objects
+from app.services.steps.chunk_cleanup import delete_unrecorded
+from app.services.steps.recorded import Recorded, read_recorded
 from app.storage import Storage
 from app.storage.base import StorageFull
-from worker import claim, lost_objects, reader
-from worker.chunk_cleanup import delete_unrecorded
+from worker import claim, reader
 from worker.engine import EngineResult
-from worker.recorded import Recorded, read_recorded
 from worker.scheduler import Job, Scheduler
 from worker.writer import Chunk, ResultWriter
 

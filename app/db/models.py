@@ -101,7 +101,7 @@ class ProjectShare(Base):
 
 class ProjectStepShare(Base):
     """A project's fair-share clock on a batch-level step: the work of its batches the step
-    took up, divided by its weight (`app.services.step_share`)."""
+    took up, divided by its weight (`app.services.steps.step_share`)."""
 
     __tablename__ = "project_step_shares"
     __table_args__ = (CheckConstraint(_in("step", BatchStep), name="step"),)
@@ -269,7 +269,7 @@ class Batch(ProgressColumns, Base):
     lease_epoch: Mapped[int] = mapped_column(Integer, default=0)
     heartbeat_at: Mapped[float | None] = mapped_column(Float)
     # A batch-level step that raised: how many times in a row, and not tried again before
-    # `step_retry_at` (`app.services.batch_lease.fail`).
+    # `step_retry_at` (`app.services.steps.batch_lease.fail`).
     step_failures: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     step_retry_at: Mapped[float | None] = mapped_column(Float)
 

@@ -29,9 +29,9 @@ from app.services.auth import DEFAULT_PROJECT, ensure_project
 from app.services.files import create_file_from_storage, file_storage_key
 from app.services.jsonl import iter_lines
 from app.services.media_urls import ANY_HOST
-from app.services.validation import validate_pending
+from app.services.steps.finalization import finalize_ready_batches
+from app.services.steps.validation import validate_pending
 from app.storage import Storage, storage_for
-from worker.finalizer import finalize_ready_batches
 from worker.models import is_bundled, source_of, unavailable
 
 OWNER = "run-batch"

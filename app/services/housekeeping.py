@@ -28,13 +28,13 @@ from app.services import singleton_lease
 from app.services.file_expiry import expire_files
 from app.services.retention import retain
 from app.services.schedule import replan
+from app.services.steps.chunk_cleanup import delete_leftover_chunks
+from app.services.steps.finalization import finalize_ready_batches
+from app.services.steps.validation import validate_pending
 from app.services.uploads import expire_uploads
-from app.services.validation import validate_pending
 from app.services.webhook_delivery import deliver_due
 from app.services.webhook_senders import senders
 from app.storage import storage_of
-from worker.chunk_cleanup import delete_leftover_chunks
-from worker.finalizer import finalize_ready_batches
 
 log = logging.getLogger("overnight.housekeeping")
 

@@ -17,8 +17,8 @@ from app.config import Settings
 from app.db.session import read_scope, session_scope
 from app.services import prune_rows, singleton_lease
 from app.services.orphan_objects import OrphanSweep, old_keys, unnamed
+from app.services.steps.chunk_cleanup import delete_chunks
 from app.storage import Storage, storage_of
-from worker.chunk_cleanup import delete_chunks
 
 log = logging.getLogger("overnight.retention")
 

@@ -1,20 +1,18 @@
 """Asynchronous validation of a batch's input file: `validating` → `in_progress` or `failed`.
 
-The file is streamed once. Every problem is recorded with its 1-based line (up
-to `settings.max_reported_errors`); a clean file is cut into shards with their
-byte ranges. Validation runs under the batch lease and ends in one fenced
+The file is streamed once. Every problem is recorded with its 1-based line (up to
+`settings.max_reported_errors`; the checks are `steps.line_checks`); a clean file is cut into
+shards with their byte ranges. Validation runs under the batch lease and ends in one fenced
 transaction, so a validator killed at any point is simply replaced by the next
 one after `lease_seconds`, and the shards are written exactly once.
 """
 
-import hashlib
 import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -25,13 +23,13 @@ from app.core.states import BatchStatus, BatchStep
 from app.db.clock import db_now
 from app.db.models import Batch, File, Shard
 from app.db.session import session_scope
-from app.endpoints import canonical
 from app.schemas.batches import BatchError
-from app.services import batch_lease, enqueued, schedule, served_models, step_share
-from app.services.batch_end import end_batch
-from app.services.batch_lease import Heartbeat
+from app.services import enqueued, schedule
 from app.services.jsonl import scan_lines
-from app.services.media_urls import REFUSED_CODE, MediaRule, media_urls
+from app.services.steps import batch_lease, step_share
+from app.services.steps.batch_end import end_batch
+from app.services.steps.batch_lease import Heartbeat
+from app.services.steps.line_checks import LineChecker, batch_error
 from app.storage import Storage, storage_of
 
 log = logging.getLogger("overnight.validation")
@@ -39,30 +37,6 @@ log = logging.getLogger("overnight.validation")
 # A file whose validation keeps killing its validator fails instead of looping forever.
 MAX_VALIDATION_ATTEMPTS = 5
 _HEARTBEAT_CHECK_LINES = 256
-
-
-def _error(
-    code: str, message: str, line: int | None = None, param: str | None = None
-) -> BatchError:
-    return BatchError(code=code, message=message, param=param, line=line)
-
-
-def _show(value: object, limit: int = 64) -> str:
-    text = value if isinstance(value, str) else orjson.dumps(value).decode()
-    return repr(text if len(text) <= limit else text[:limit] + "…")
-
-
-_JSON_TYPES = {dict: "an object", list: "an array", str: "a string", bool: "a boolean"}
-
-
-def _type_name(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    return _JSON_TYPES.get(type(value), "a value")
 
 
 @dataclass
@@ -83,173 +57,6 @@ class Outcome:
     total: int = 0
     model: str | None = None
     size: int = 0
-
-
-class LineChecker:
-    """Checks one request line against the batch; remembers custom_ids and the file's model.
-
-    `per_line` is vLLM's `run_batch` contract: only a line that is not a request fails the
-    file; a duplicate custom_id, another url or model is run, and answered, line by line.
-    """
-
-    def __init__(self, settings: Settings, endpoint: str, per_line: bool = False) -> None:
-        self.settings = settings
-        self.endpoint = endpoint
-        self.per_line = per_line
-        self.model: str | None = settings.models[0].name if per_line else None
-        # Estimated prompt tokens of the requests checked so far (the enqueued-token limit).
-        self.prompt_tokens = 0
-        # custom_id digests, not the strings: memory stays small however long the ids are.
-        self._seen: dict[bytes, int] = {}
-        self._model_errors: dict[str, tuple[str, str] | None] = {}
-        self._served: list[served_models.Servable] | None = None
-        self._media = MediaRule.of(settings, remember=True)
-
-    def check(self, line_no: int, raw: bytes) -> BatchError | None:
-        try:
-            request = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            return self._unparseable(line_no, raw)
-        if not isinstance(request, dict):
-            return _error(
-                "invalid_json_line",
-                f"This line is not a JSON object (it is {_type_name(request)}).",
-                line_no,
-            )
-        return self._check_request(line_no, request)
-
-    @staticmethod
-    def _unparseable(line_no: int, raw: bytes) -> BatchError:
-        try:
-            raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            return _error(
-                "invalid_utf8",
-                f"This line is not valid UTF-8 (invalid byte at column {exc.start + 1}).",
-                line_no,
-            )
-        return _error("invalid_json_line", "This line is not parseable as valid JSON.", line_no)
-
-    def _check_request(self, line_no: int, request: dict[str, Any]) -> BatchError | None:
-        custom_id = request.get("custom_id")
-        if (problem := _require(line_no, "custom_id", custom_id, str)) is not None:
-            return problem
-        assert isinstance(custom_id, str)
-        if self.per_line:
-            return _check_shape(line_no, request)
-        if (problem := self._check_unique(line_no, custom_id)) is not None:
-            return problem
-        method = request.get("method")
-        if method is None:
-            return _missing(line_no, "method")
-        if method != "POST":
-            return _error(
-                "invalid_method",
-                f"Invalid value for 'method': {_show(method)}. Only 'POST' is supported.",
-                line_no,
-                "method",
-            )
-        url = request.get("url")
-        if url is None:
-            return _missing(line_no, "url")
-        if not isinstance(url, str) or canonical(url) != canonical(self.endpoint):
-            return _error(
-                "url_mismatch",
-                f"The url {_show(url)} does not match the batch's endpoint {self.endpoint!r}; "
-                "every line's url must equal the endpoint the batch was created with.",
-                line_no,
-                "url",
-            )
-        body = request.get("body")
-        if (problem := _require(line_no, "body", body, dict)) is not None:
-            return problem
-        assert isinstance(body, dict)
-        self.prompt_tokens += enqueued.estimate_prompt_tokens(body)
-        model = body.get("model")
-        if (problem := _require(line_no, "body.model", model, str)) is not None:
-            return problem
-        assert isinstance(model, str)
-        if (problem := self._check_model(line_no, model)) is not None:
-            return problem
-        return self._check_media(line_no, body)
-
-    def _check_unique(self, line_no: int, custom_id: str) -> BatchError | None:
-        digest = hashlib.blake2b(custom_id.encode("utf-8", "surrogatepass"), digest_size=16)
-        first = self._seen.setdefault(digest.digest(), line_no)
-        if first == line_no:
-            return None
-        return _error(
-            "duplicate_custom_id",
-            f"The custom_id {_show(custom_id)} is already used on line {first}; "
-            "custom_id values must be unique within a batch.",
-            line_no,
-            "custom_id",
-        )
-
-    def _check_model(self, line_no: int, model: str) -> BatchError | None:
-        # OpenAI's one-model rule holds for the base model: its LoRA adapters may share a batch.
-        found = served_models.named(self._served_models(), model)
-        base = found.base if found is not None else model
-        if self.model is None:
-            self.model = base
-        elif base != self.model:
-            return _error(
-                "mismatched_model",
-                f"The model {_show(model)} differs from the model {_show(self.model)} of the "
-                "first request; a batch file may use only one model (and its LoRA adapters).",
-                line_no,
-                "body.model",
-            )
-        if model not in self._model_errors:
-            self._model_errors[model] = self._model_problem(model)
-        problem = self._model_errors[model]
-        return None if problem is None else _error(*problem, line_no, "body.model")
-
-    def _check_media(self, line_no: int, body: dict[str, Any]) -> BatchError | None:
-        """A media URL a worker may not fetch fails the file here, before any fetch."""
-        refused = self._media.first_refusal(media_urls(body))
-        if refused is None:
-            return None
-        return _error(REFUSED_CODE, refused.message, line_no, f"body.{refused.param}")
-
-    def _model_problem(self, model: str) -> tuple[str, str] | None:
-        endpoint = canonical(self.endpoint)
-        models = self._served_models()
-        return served_models.problem(models, self.settings, model, endpoint, _show(model))
-
-    def _served_models(self) -> list[served_models.Servable]:
-        """Read once per file, on its first model check."""
-        if self._served is None:
-            self._served = served_models.read(self.settings)
-        return self._served
-
-
-def _check_shape(line_no: int, request: dict[str, Any]) -> BatchError | None:
-    """What vLLM's `BatchRequestInput` requires of a line: strings and an object body."""
-    for param, kind in (("method", str), ("url", str), ("body", dict)):
-        if (problem := _require(line_no, param, request.get(param), kind)) is not None:
-            return problem
-    return None
-
-
-def _missing(line_no: int, param: str) -> BatchError:
-    return _error(
-        "missing_required_parameter", f"Missing required parameter: '{param}'.", line_no, param
-    )
-
-
-def _require(line_no: int, param: str, value: object, kind: type) -> BatchError | None:
-    if value is None:
-        return _missing(line_no, param)
-    if isinstance(value, kind):
-        return None
-    expected = _JSON_TYPES[kind]
-    return _error(
-        "invalid_type",
-        f"Invalid type for '{param}': expected {expected}, but got {_type_name(value)}.",
-        line_no,
-        param,
-    )
 
 
 def read_input(
@@ -284,7 +91,9 @@ def read_input(
                 break
     outcome.model = checker.model
     if outcome.total == 0 and not outcome.errors:
-        outcome.errors.append(_error("empty_file", "The batch input file contains no requests."))
+        outcome.errors.append(
+            batch_error("empty_file", "The batch input file contains no requests.")
+        )
     return outcome
 
 
@@ -293,7 +102,7 @@ def _lines(storage: Storage, key: str) -> Iterator[tuple[int, int, bytes]]:
 
 
 def _too_many(limit: int, line_no: int) -> BatchError:
-    return _error(
+    return batch_error(
         "too_many_tasks",
         f"The batch input file has more than {limit:,} requests, the most one batch may hold.",
         line_no,
@@ -356,13 +165,15 @@ def validate(
             f"Validation of the input file was interrupted {MAX_VALIDATION_ATTEMPTS} times; "
             "the batch was given up."
         )
-        return record(settings, lease, Outcome(errors=[_error("validation_interrupted", message)]))
+        return record(
+            settings, lease, Outcome(errors=[batch_error("validation_interrupted", message)])
+        )
     if source is None or not storage.exists(source.storage_key):
         message = "The input file was deleted before the batch could be validated."
         return record(
             settings,
             lease,
-            Outcome(errors=[_error("file_not_found", message, None, "input_file_id")]),
+            Outcome(errors=[batch_error("file_not_found", message, None, "input_file_id")]),
         )
     if source.bytes > settings.max_batch_file_bytes:
         return record(settings, lease, Outcome(errors=[_too_large(settings, source.bytes)]))
@@ -382,7 +193,7 @@ def validate(
 
 def _too_large(settings: Settings, size: int) -> BatchError:
     limit = settings.size_limit("max_batch_file_bytes")
-    return _error(
+    return batch_error(
         "file_too_large",
         too_large_message("The batch input file", limit, size),
         None,

@@ -2,7 +2,7 @@
 
 The worker reads them to resume a shard, the finalizer to merge it. A chunk whose object is
 gone (deleted behind our back, or by a store's lifecycle rule) is reported, not raised: its
-row is then dropped and its lines run again (`worker.lost_objects`).
+row is then dropped and its lines run again (`app.services.steps.lost_objects`).
 """
 
 from collections.abc import Iterable

@@ -21,10 +21,10 @@ from sqlalchemy.orm import Session
 from app.core.states import TERMINAL_BATCH_STATUSES, BatchStatus, ShardStatus
 from app.db.models import Batch, ResultChunk, Shard
 from app.schemas.batches import BatchError
-from app.services.batch_end import end_batch
 from app.services.jsonl import iter_lines
+from app.services.steps.batch_end import end_batch
+from app.services.steps.recorded import Recorded
 from app.storage import Storage
-from worker.recorded import Recorded
 
 log = logging.getLogger("overnight.worker")
 
