@@ -33,7 +33,7 @@ from tests.fake_engine import FakeEngine, fast
 from tests.fault_points import FaultingStorage, Injector, recorded_chunk_check
 from tests.test_finalizer import lines_of
 from worker.chunk_cleanup import delete_leftover_chunks
-from worker.engine import EngineResult
+from worker.engine_results import EngineResult
 from worker.finalizer import finalize_ready_batches
 from worker.loop import Worker, WorkerOptions
 

@@ -35,7 +35,7 @@ from app.storage import Storage
 from app.storage.base import StorageFull
 from worker import claim, lost_objects, reader
 from worker.chunk_cleanup import delete_unrecorded
-from worker.engine import EngineResult
+from worker.engine_results import EngineResult
 from worker.recorded import Recorded, read_recorded
 from worker.scheduler import Job, Scheduler
 from worker.writer import Chunk, ResultWriter
