@@ -12,7 +12,8 @@ from typing import Any
 from app.config import Settings
 from app.core.progress import Usage
 from app.endpoints import CHAT
-from worker.engine import EngineResult, EngineStats, error_result
+from worker.engine_gauges import EngineStats
+from worker.engine_results import EngineResult, error_result
 from worker.loop import Worker, WorkerOptions
 
 MODEL = "SmolLM2-135M-Instruct"

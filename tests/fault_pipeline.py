@@ -34,7 +34,7 @@ from tests.engine_fixtures import chat_line, jsonl
 from tests.fake_engine import FakeEngine, fast
 from tests.fault_points import FaultingStorage, Injector, recorded_chunk_check
 from tests.test_finalizer import lines_of
-from worker.engine import EngineResult
+from worker.engine_results import EngineResult
 from worker.loop import Worker, WorkerOptions
 
 log = logging.getLogger("tests.faults")

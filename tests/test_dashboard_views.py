@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from app.config import Settings
 from app.core.states import BatchStatus, ShardStatus
-from app.dashboard import content, views
+from app.dashboard import charts, content, display, project_views
 from app.db.models import Batch, RegisteredWorker, ResultChunk, Shard
 from app.db.session import session_scope, upgrade
 from app.ids import new_batch_id
@@ -167,7 +167,7 @@ def test_rows_show_reason_duration_and_stacked_counts(db: Settings, storage: Sto
     assert found[failed]["reason"] == "line 2: This line is not JSON. (+1 more)"
     assert "24h completion window ended" in found[expired]["reason"]
     row = found[cancelled]
-    assert row["reason"] == "" and row["duration"] == "2m 05s" and row["eta"] == views.DASH
+    assert row["reason"] == "" and row["duration"] == "2m 05s" and row["eta"] == display.DASH
     assert row["throughput"] == "3.3 tok/s"  # 400 output tokens over 120 s of running
     assert (row["completed"], row["failed"], row["cancelled"]) == (4, 1, 5)
     assert [(s["kind"], s["x"], s["width"]) for s in row["segments"]] == [
@@ -268,7 +268,7 @@ def test_preview_reads_a_bounded_prefix(db: Settings, storage: Storage) -> None:
         first = preview_file(session, storage, project, big, max_lines=20, max_bytes=1000)
         assert not first.complete and len(first.lines) < 20  # the byte budget ended first
         assert sum(len(text) for _n, text in first.lines) <= 1000
-        shown = views.preview(preview_file(session, storage, project, big))
+        shown = project_views.preview(preview_file(session, storage, project, big))
         assert len(shown["lines"]) == 20 and "first 20 lines of" in shown["caption"]
 
 
@@ -331,7 +331,7 @@ def test_worker_serve_is_listed_while_its_engine_loads(
 
 
 def test_chart_axes_are_round_numbers() -> None:
-    assert [views.nice_ceiling(v) for v in (0, 0.3, 1, 1.2, 2.2, 3, 7, 12, 260)] == [
+    assert [charts.nice_ceiling(v) for v in (0, 0.3, 1, 1.2, 2.2, 3, 7, 12, 260)] == [
         1.0,
         0.5,
         1.0,
@@ -342,7 +342,7 @@ def test_chart_axes_are_round_numbers() -> None:
         20.0,
         500.0,
     ]
-    axes = views.chart_axes([(0.0, 3.0), (120.0, 1.0)])
+    axes = charts.chart_axes([(0.0, 3.0), (120.0, 1.0)])
     assert (axes["y_top"], axes["y_mid"]) == ("5", "2.5")
     # Two bars of 120 s each: the axis runs to the second one's end.
     assert (axes["x_start"], axes["x_mid"], axes["x_end"]) == ("00:00:00", "00:02:00", "00:04:00")

@@ -13,7 +13,7 @@ import pytest
 from tests.fake_engine import MODEL, FakeEngine
 from tests.test_worker_scheduler import Collector, chat, drain, job
 from worker.adapters import AdapterFolder, AdapterRule, folder_adapters
-from worker.engine import EngineResult
+from worker.engine_results import EngineResult
 from worker.scheduler import Scheduler
 
 ADAPTERS = ["a1", "a2", "a3"]

@@ -36,7 +36,7 @@ from tests.engine_fixtures import (
 )
 from tests.fake_engine import FakeEngine, ThreadedWorker, fast
 from tests.harness import RunningServer, free_port, running_server
-from worker.engine import EngineResult, error_result
+from worker.engine_results import EngineResult, error_result
 
 ADMIN_KEY = "sk-admin-message-batches"
 DAY = 24 * 3600

@@ -25,7 +25,7 @@ from app.services.auth import ensure_project
 from tests import batch_sim
 from tests.harness import RunningServer, running_server
 from worker import registry
-from worker.engine import EngineStats
+from worker.engine_gauges import EngineStats
 
 
 def metrics(http: httpx.Client) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -31,7 +31,8 @@ from tests.engine_fixtures import (
 from tests.fake_engine import MODEL, FakeEngine, ThreadedWorker, fast
 from tests.harness import RunningServer, running_server
 from worker import claim
-from worker.engine import EngineDeadError, EngineResult
+from worker.engine import EngineDeadError
+from worker.engine_results import EngineResult
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from app.services.steps.validation import validate_pending
 from app.storage import storage_of
 from tests import batch_sim
 from tests.fake_engine import MODEL, FakeEngine, ThreadedWorker
-from worker.engine import EngineResult
+from worker.engine_results import EngineResult
 from worker.health import HealthState
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from app.endpoints import CHAT, EMBEDDINGS, RESPONSES
 from tests.fake_engine import FakeEngine
-from worker.engine import EngineResult
+from worker.engine_results import EngineResult
 from worker.scheduler import Job, Scheduler, dedup_key, prefix_key
 
 

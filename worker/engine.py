@@ -1,65 +1,42 @@
-"""The one module that touches vLLM internals (pinned: vLLM 0.32).
+"""The engine adapter: the one place that touches vLLM internals (pinned: vLLM 0.32).
 
 It builds the engine client and vLLM's OpenAI serving objects in process, the way
 `vllm/entrypoints/launchers/run_batch.py` does, so each line gets the body `vllm serve`
-would answer. Everything else in the worker sees only `Engine`.
+would answer. Everything else in the worker sees only `Engine`. Its parts: the routes
+(`engine_routes`), the answers and errors (`engine_results`), the scheduler gauges
+(`engine_gauges`), the online usage (`engine_online`) and LoRA (`engine_lora`).
 """
 
 from argparse import Namespace
-from collections.abc import AsyncIterator, Callable, Iterable
-from contextlib import aclosing, asynccontextmanager
-from dataclasses import dataclass
-from http import HTTPStatus
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
 from typing import Any, Protocol
 
 import orjson
 
-from app.core.progress import Usage, usage_of
-from app.endpoints import (
-    CHAT,
-    COMPLETIONS,
-    EMBEDDINGS,
-    MESSAGES,
-    RERANK,
-    RESPONSES,
-    SCORE,
-    SUPPORTED,
-    TRANSCRIPTIONS,
-    TRANSLATIONS,
-    canonical,
-)
+from app.core.progress import usage_of
+from app.endpoints import canonical
 from app.logging import root_level_kept
 from app.schemas.models import ANNOUNCEMENT_KEY, Announcement
 from worker.adapters import ADAPTER_LOAD_FAILED
+from worker.engine_gauges import EngineStats, Gauges
 from worker.engine_lora import adapter_folder, adapter_rule, announced_adapters
-from worker.traffic import ONLINE_PROJECT, OnlineTraffic, UsageTally
+from worker.engine_online import observe_online
+from worker.engine_results import (
+    EngineResult,
+    error_result,
+    from_vllm_error,
+    unrouted,
+    validation_message,
+    validation_param,
+)
+from worker.engine_routes import routes_of
+from worker.traffic import OnlineTraffic
 
 # Under `--scheduling-policy priority` batch requests run after every online request (vLLM
 # runs lower values first; online requests default to 0). A batch line's own positive
 # priority still orders it among batch requests.
 BATCH_PRIORITY = 1_000_000
-
-
-@dataclass(frozen=True)
-class EngineResult:
-    """One line's answer: the HTTP status and JSON body the endpoint would send."""
-
-    status_code: int
-    body: dict[str, Any]
-    usage: Usage
-
-    @property
-    def ok(self) -> bool:
-        return 200 <= self.status_code < 300
-
-
-@dataclass(frozen=True)
-class EngineStats:
-    """The engine scheduler's latest step, as vLLM's own stat loggers receive it."""
-
-    running: int = 0
-    waiting: int = 0
-    kv_cache_usage: float = 0.0  # the fraction of the KV cache's blocks in use
 
 
 class Engine(Protocol):
@@ -87,109 +64,6 @@ class EngineDeadError(RuntimeError):
     """The engine cannot answer any more: the worker must stop, not record failures."""
 
 
-def error_result(
-    status_code: int, message: str, param: str | None = None, code: str | None = None
-) -> EngineResult:
-    """An OpenAI error body: `{"error": {"message", "type", "param", "code"}}`."""
-    if code is None and "maximum context length" in message:
-        code = "context_length_exceeded"
-    kind = "invalid_request_error" if status_code < 500 else "server_error"
-    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
-    return EngineResult(status_code, body, Usage())
-
-
-def _from_vllm_error(error: Any) -> EngineResult:
-    info = error.error
-    code = (
-        "model_not_found" if info.code == HTTPStatus.NOT_FOUND and info.param == "model" else None
-    )
-    return error_result(int(info.code), info.message, info.param, code)
-
-
-@dataclass(frozen=True)
-class Route:
-    """How one endpoint's body reaches its vLLM serving object."""
-
-    validate: Callable[[Any], Any]
-    serve: Callable[..., Any]
-    # Our request id as the request's `request_id`, and as the id vLLM's engine then uses
-    # (needed to abort it): both are formats of the bare id.
-    request_id: str
-    engine_id: str
-
-
-def _routes(state: Any, args: Namespace) -> dict[str, Route]:
-    from pydantic import TypeAdapter
-    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
-    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
-    from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
-    from vllm.entrypoints.pooling.embed.protocol import EmbeddingRequest
-    from vllm.entrypoints.pooling.scoring.protocol import RerankRequest, ScoreRequest
-
-    chat = getattr(state, "openai_serving_chat", None)
-    completion = getattr(state, "openai_serving_completion", None)
-    responses = getattr(state, "openai_serving_responses", None)
-    embedding = getattr(state, "serving_embedding", None)
-    scores = getattr(state, "serving_scores", None)
-    routes: dict[str, Route] = {}
-    if chat is not None:
-        routes[CHAT] = Route(
-            ChatCompletionRequest.model_validate, chat.create_chat_completion, "{}", "chatcmpl-{}"
-        )
-    if completion is not None:
-        routes[COMPLETIONS] = Route(
-            CompletionRequest.model_validate, completion.create_completion, "{}", "cmpl-{}"
-        )
-    if responses is not None:
-        # The response's `id` is its request_id; vLLM runs it as sub-request `_0`.
-        routes[RESPONSES] = Route(
-            ResponsesRequest.model_validate, responses.create_responses, "resp_{}", "resp_{}_0"
-        )
-    routes.update(_messages_routes(state))
-    if embedding is not None:
-        routes[EMBEDDINGS] = Route(
-            TypeAdapter(EmbeddingRequest).validate_python, embedding, "{}", "embd-{}"
-        )
-    if scores is not None:
-        routes[SCORE] = Route(TypeAdapter(ScoreRequest).validate_python, scores, "{}", "score-{}")
-        routes[RERANK] = Route(RerankRequest.model_validate, scores, "{}", "score-{}")
-    routes.update(_speech_routes(state, args))
-    return routes
-
-
-def _messages_routes(state: Any) -> dict[str, Route]:
-    """Anthropic's Messages API: vLLM converts it to a chat completion (`chatcmpl-` ids)."""
-    messages = getattr(state, "anthropic_serving_messages", None)
-    if messages is None:
-        return {}
-    from worker.messages_route import BatchMessagesRequest, messages_server
-
-    serve = messages_server(messages)
-    return {MESSAGES: Route(BatchMessagesRequest.model_validate, serve, "{}", "chatcmpl-{}")}
-
-
-def _speech_routes(state: Any, args: Namespace) -> dict[str, Route]:
-    """Audio as vLLM's run_batch takes it: a `file_url` (http(s) or data:) in the body,
-    fetched by vLLM's own wrapper (its size limit, `--allowed-media-domains`)."""
-    from vllm.entrypoints.launchers.run_batch import (
-        BatchTranscriptionRequest,
-        BatchTranslationRequest,
-        make_transcription_wrapper,
-    )
-
-    domains = getattr(args, "allowed_media_domains", None)
-    routes: dict[str, Route] = {}
-    transcription = getattr(state, "openai_serving_transcription", None)
-    if transcription is not None:
-        serve = make_transcription_wrapper(False, domains)(transcription.create_transcription)
-        routes[TRANSCRIPTIONS] = Route(BatchTranscriptionRequest.model_validate, serve, "{}", "")
-    translation = getattr(state, "openai_serving_translation", None)
-    if translation is not None:
-        serve = make_transcription_wrapper(True, domains)(translation.create_translation)
-        routes[TRANSLATIONS] = Route(BatchTranslationRequest.model_validate, serve, "{}", "")
-    return routes
-
-
 class VllmEngine:
     """vLLM's `AsyncLLM` with its serving objects: chat, completion, responses, embedding,
     scoring (score and rerank), transcription and translation."""
@@ -200,7 +74,7 @@ class VllmEngine:
         state: Any,
         args: Namespace,
         served_names: list[str],
-        gauges: "Gauges",
+        gauges: Gauges,
         configuration: dict[str, Any],
         app: Any = None,
     ) -> None:
@@ -216,13 +90,13 @@ class VllmEngine:
         self.app = app
         self.traffic = OnlineTraffic() if app is not None else None
         if self.traffic is not None:
-            _observe_online(engine_client, self.traffic)
+            observe_online(engine_client, self.traffic)
         self.configuration = configuration
         self._gauges = gauges
         self._running: dict[str, str] = {}
         self._error_type = ErrorResponse
         self._dead_type = VllmEngineDead
-        self._routes = _routes(state, args)
+        self._routes = routes_of(state, args)
         self.adapter_rule = adapter_rule(engine_client, served_names)
         self.adapter_folder = adapter_folder(state, args, served_names)
         # What the worker's row announces: the API serves these names for these endpoints.
@@ -239,7 +113,7 @@ class VllmEngine:
 
         route = self._routes.get(canonical(endpoint))
         if route is None:
-            return _unrouted(canonical(endpoint), self.endpoints)
+            return unrouted(canonical(endpoint), self.endpoints)
         for flag in ("stream", "background"):
             if body.get(flag):
                 return error_result(
@@ -248,7 +122,7 @@ class VllmEngine:
         try:
             request = route.validate(body)
         except Exception as exc:
-            return error_result(400, _validation_message(exc), _validation_param(exc))
+            return error_result(400, validation_message(exc), validation_param(exc))
         if self.adapter_folder is not None and (
             problem := await self.adapter_folder.problem(body.get("model"))
         ):
@@ -266,15 +140,15 @@ class VllmEngine:
         except Exception as exc:
             from vllm.entrypoints.serve import create_error_response
 
-            return _from_vllm_error(create_error_response(exc))
+            return from_vllm_error(create_error_response(exc))
         finally:
             self._running.pop(request_id, None)
         if isinstance(response, self._error_type):
-            return _from_vllm_error(response)
+            return from_vllm_error(response)
         if isinstance(response, Response):
             payload = orjson.loads(bytes(response.body))
             if response.status_code >= 400 and isinstance(payload, dict) and "error" in payload:
-                return _from_vllm_error(self._error_type.model_validate(payload))
+                return from_vllm_error(self._error_type.model_validate(payload))
             return EngineResult(response.status_code, payload, usage_of(payload))
         if hasattr(response, "model_dump"):
             payload = response.model_dump(mode="json")
@@ -289,133 +163,6 @@ class VllmEngine:
         ids = [self._running[r] for r in request_ids if r in self._running]
         if ids:
             await self.client.abort(ids)
-
-
-def _observe_online(client: Any, traffic: OnlineTraffic) -> None:
-    """Report the engine requests of online callers (marked by ONLINE_PROJECT) to `traffic`.
-
-    The serving objects call `generate` and `encode` for batch and online requests alike;
-    a batch request gets vLLM's own stream back untouched.
-    """
-    from vllm.sampling_params import RequestOutputKind
-
-    for name in ("generate", "encode"):
-        call = getattr(client, name)
-        setattr(client, name, _observed(call, traffic, RequestOutputKind.DELTA))
-
-
-def _observed(call: Callable[..., Any], traffic: OnlineTraffic, delta: Any) -> Callable[..., Any]:
-    def start(*args: Any, **kwargs: Any) -> Any:
-        outputs = call(*args, **kwargs)
-        project = ONLINE_PROJECT.get()
-        if project is None:
-            return outputs
-        params = args[1] if len(args) > 1 else kwargs.get("sampling_params")
-        if params is None:
-            params = kwargs.get("pooling_params")
-        return _tally(outputs, traffic, project, getattr(params, "output_kind", None) == delta)
-
-    return start
-
-
-async def _tally(
-    outputs: Any, traffic: OnlineTraffic, project: str, delta: bool
-) -> AsyncIterator[Any]:
-    traffic.arrived()
-    usage = UsageTally(requests=1)
-    started = False
-    try:
-        async with aclosing(outputs):
-            async for output in outputs:
-                if not started:
-                    traffic.started()
-                    started = True
-                _count(usage, output, delta)
-                yield output
-    finally:
-        traffic.left(project, started, usage)
-
-
-def _count(usage: UsageTally, output: Any, delta: bool) -> None:
-    """Token counts from a RequestOutput (or PoolingRequestOutput) as it streams."""
-    usage.input_tokens = max(usage.input_tokens, len(output.prompt_token_ids or ()))
-    cached = int(getattr(output, "num_cached_tokens", 0) or 0)
-    usage.cached_tokens = max(usage.cached_tokens, cached)
-    completions = getattr(output, "outputs", None)
-    if not isinstance(completions, list):
-        return  # a pooling output: no generated tokens
-    made = sum(len(c.token_ids) for c in completions)
-    usage.output_tokens = usage.output_tokens + made if delta else made
-
-
-def _unrouted(url: str, served: list[str]) -> EngineResult:
-    if url in SUPPORTED:
-        return error_result(400, f"The model does not support the endpoint {url}.", "url")
-    # A line of `run-batch` may name any url (the service's validator refuses them).
-    return error_result(
-        400, f"URL {url} was used. Supported endpoints: {', '.join(served)}.", "url"
-    )
-
-
-def _validation_message(exc: Exception) -> str:
-    errors = getattr(exc, "errors", None)
-    if not callable(errors):
-        return str(exc)
-    items = errors(include_url=False)
-    parts = [f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in items[:5]]
-    label = "error" if len(items) == 1 else "errors"
-    return f"{len(items)} validation {label}: " + "; ".join(parts)
-
-
-def _validation_param(exc: Exception) -> str | None:
-    errors = getattr(exc, "errors", None)
-    if not callable(errors):
-        return None
-    items = errors(include_url=False)
-    if not items or not items[0].get("loc"):
-        return None
-    return str(items[0]["loc"][0])
-
-
-class Gauges:
-    """Keeps the latest scheduler stats that vLLM hands its stat loggers (per engine step).
-
-    It is registered as a custom stat logger: vLLM then collects scheduler stats without
-    its default loggers (no periodic log lines, no second Prometheus registry).
-    """
-
-    def __init__(self) -> None:
-        self.latest = EngineStats()
-
-    def logger(self, _vllm_config: Any, _engine_index: int = 0) -> Any:
-        """A `PerEngineStatLoggerFactory`: vLLM calls it once per engine."""
-        from vllm.v1.metrics.loggers import StatLoggerBase
-
-        gauges = self
-
-        class GaugeLogger(StatLoggerBase):
-            def __init__(self, _config: Any = None, _index: int = 0) -> None:
-                pass
-
-            def record(
-                self,
-                scheduler_stats: Any,
-                iteration_stats: Any,
-                mm_cache_stats: Any = None,
-                engine_idx: int = 0,
-            ) -> None:
-                if scheduler_stats is not None:
-                    gauges.latest = EngineStats(
-                        running=scheduler_stats.num_running_reqs,
-                        waiting=scheduler_stats.num_waiting_reqs
-                        + scheduler_stats.num_skipped_waiting_reqs,
-                        kv_cache_usage=float(scheduler_stats.kv_cache_usage),
-                    )
-
-            def log_engine_initialized(self) -> None:
-                pass
-
-        return GaugeLogger()
 
 
 def configuration_of(

@@ -13,7 +13,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from app.services.media_urls import REFUSED_CODE, MediaRule, media_urls
-from worker.engine import Engine, EngineResult, EngineStats, error_result
+from worker.engine import Engine
+from worker.engine_gauges import EngineStats
+from worker.engine_results import EngineResult, error_result
 
 
 def forbid_media_redirects() -> None:

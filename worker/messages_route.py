@@ -4,7 +4,7 @@ vLLM's `AnthropicServingMessages.create_messages` turns the request into a chat 
 and takes the engine request id and the priority from the HTTP request's headers only
 (`X-Request-Id`, `X-Vllm-Priority`): so each line gets a request of its own carrying them,
 and the answer is the body `vllm serve` sends (`model_dump(exclude_none=True)`).
-Imported lazily by `worker.engine`, with vLLM.
+Imported lazily by `worker.engine_routes`, with vLLM.
 """
 
 from typing import Any

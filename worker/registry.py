@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from app.config import Settings
 from app.db.models import RegisteredWorker
 from app.db.session import session_scope
-from worker.engine import EngineStats
+from worker.engine_gauges import EngineStats
 
 log = logging.getLogger("overnight.worker")
 

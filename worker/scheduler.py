@@ -19,7 +19,8 @@ import orjson
 from app.endpoints import CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES
 from app.ids import new_request_id
 from worker.adapters import AdapterRule, InFlightAdapters
-from worker.engine import Engine, EngineResult
+from worker.engine import Engine
+from worker.engine_results import EngineResult
 
 log = logging.getLogger("overnight.worker")
 

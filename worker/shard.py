@@ -37,7 +37,7 @@ from app.services.steps.recorded import Recorded, read_recorded
 from app.storage import Storage
 from app.storage.base import StorageFull
 from worker import claim, reader
-from worker.engine import EngineResult
+from worker.engine_results import EngineResult
 from worker.scheduler import Job, Scheduler
 from worker.writer import Chunk, ResultWriter
 

@@ -12,7 +12,7 @@ from app.core.progress import Progress
 from app.ids import new_batch_request_id
 from app.storage import Storage
 from app.storage.base import put
-from worker.engine import EngineResult
+from worker.engine_results import EngineResult
 from worker.scheduler import Job
 
 

@@ -11,7 +11,8 @@ from sqlalchemy.orm import Session
 
 from app.config import Settings
 from app.core.sizes import human_bytes
-from app.dashboard import views
+from app.dashboard import batch_views, charts, project_views, worker_views
+from app.dashboard.display import Row
 from app.errors import OpenAIError, not_found
 from app.services import (
     enqueued,
@@ -90,7 +91,7 @@ def batch_rows(session: Session, storage: Storage, query: BatchQuery) -> dict[st
         page = monitoring.list_batches(session, query.where(), limit=query.limit)
         found_views, next_after = page.views, page.next_after
     return {
-        "rows": [views.batch_row(v, now) for v in found_views],
+        "rows": [batch_views.batch_row(v, now) for v in found_views],
         "next_href": query.href(next_after) if next_after else "",
         "search_note": note,
     }
@@ -100,51 +101,55 @@ def project_options(session: Session) -> list[tuple[str, str]]:
     return [(p.id, p.name) for p in monitoring.list_projects(session)]
 
 
-def file_rows(session: Session, project: str, purpose: str) -> list[views.Row]:
+def file_rows(session: Session, project: str, purpose: str) -> list[Row]:
     found = monitoring.list_files(session, project_id=project or None, purpose=purpose or None)
-    return [views.file_row(f, name) for f, name in found]
+    return [project_views.file_row(f, name) for f, name in found]
 
 
-def worker_rows(session: Session, lease: float) -> list[views.Row]:
-    return [views.worker_row(w) for w in monitoring.list_workers(session, lease)]
+def worker_rows(session: Session, lease: float) -> list[Row]:
+    return [worker_views.worker_row(w) for w in monitoring.list_workers(session, lease)]
 
 
-def workers_page(session: Session, lease: float) -> dict[str, list[views.Row]]:
+def workers_page(session: Session, lease: float) -> dict[str, list[Row]]:
     """The workers, and each project's use of their online APIs by model, as of one moment."""
-    online = [views.online_row(row) for row in online_usage.totals(session)]
+    online = [worker_views.online_row(row) for row in online_usage.totals(session)]
     return {"rows": worker_rows(session, lease), "online": online}
 
 
-def worker_detail(session: Session, worker_id: str, lease: float) -> views.Row:
+def worker_detail(session: Session, worker_id: str, lease: float) -> Row:
     view = monitoring.get_worker(session, worker_id, lease)
     if view is None:
         raise not_found("Worker", worker_id)
-    return views.worker_detail(view, monitoring.recent_shards(session, worker_id), time.time())
+    return worker_views.worker_detail(
+        view, monitoring.recent_shards(session, worker_id), time.time()
+    )
 
 
-def webhook_rows(session: Session) -> list[views.Row]:
-    return [views.webhook_row(*found) for found in webhook_endpoints.every_endpoint(session)]
+def webhook_rows(session: Session) -> list[Row]:
+    return [
+        project_views.webhook_row(*found) for found in webhook_endpoints.every_endpoint(session)
+    ]
 
 
 def webhooks_page(session: Session) -> dict[str, Any]:
     return {"rows": webhook_rows(session), "projects": monitoring.list_projects(session)}
 
 
-def key_rows(session: Session) -> list[views.Row]:
-    return [views.key_row(key) for key in keys.key_objects(session)]
+def key_rows(session: Session) -> list[Row]:
+    return [project_views.key_row(key) for key in keys.key_objects(session)]
 
 
-def batch_detail(session: Session, batch_id: str) -> views.Row:
+def batch_detail(session: Session, batch_id: str) -> Row:
     view = monitoring.get_batch(session, batch_id)
     if view is None:
         raise not_found("Batch", batch_id)
     b = view.batch
     files = monitoring.files_by_id(session, [b.input_file_id, b.output_file_id, b.error_file_id])
-    detail = views.batch_detail(view, files, time.time())
+    detail = batch_views.batch_detail(view, files, time.time())
     series = b.throughput or throughput_series(session, batch_id)
     detail["series"] = series = [(t, rate) for t, rate in series]
-    detail["chart_caption"] = views.chart_caption(series, view.batch.status)
-    detail.update(views.chart_axes(series))
+    detail["chart_caption"] = charts.chart_caption(series, view.batch.status)
+    detail.update(charts.chart_axes(series))
     return detail
 
 
@@ -154,18 +159,18 @@ def batches_page(session: Session, storage: Storage, query: BatchQuery) -> dict[
 
 def overview(session: Session, stats: Stats) -> dict[str, Any]:
     now = stats.taken_at
-    found = views.fleet_overview(stats.fleet)
+    found = worker_views.fleet_overview(stats.fleet)
     series = deployment_series(session, now - OVERVIEW_WINDOW_SECONDS, now)
     found["series"] = series
-    found.update(views.chart_axes(series, clock="%H:%M"))
+    found.update(charts.chart_axes(series, clock="%H:%M"))
     return found
 
 
-def file_preview(session: Session, storage: Storage, file_id: str) -> views.Row:
+def file_preview(session: Session, storage: Storage, file_id: str) -> Row:
     owner = monitoring.file_owner(session, file_id)
     if owner is None:
         raise not_found("File", file_id)
-    return views.preview(preview_file(session, storage, owner, file_id))
+    return project_views.preview(preview_file(session, storage, owner, file_id))
 
 
 def delete_any_file(session: Session, file_id: str) -> str:
@@ -186,14 +191,14 @@ def files_page(session: Session, project: str, purpose: str) -> dict[str, Any]:
 def keys_page(session: Session, settings: Settings) -> dict[str, Any]:
     limits: dict[str, list[str]] = {}
     for found in enqueued.overridden(session, settings):
-        limits.setdefault(found.project_id, []).append(views.limits_line(found))
+        limits.setdefault(found.project_id, []).append(project_views.limits_line(found))
     projects = monitoring.list_projects(session)
     held = quotas.quota_objects(session, settings, projects)
     return {
         "rows": key_rows(session),
         "projects": projects,
         "limits": limits,
-        "quotas": {found.project_id: views.quota_lines(found) for found in held},
+        "quotas": {found.project_id: project_views.quota_lines(found) for found in held},
         "models": [m.name for m in settings.models],
     }
 

@@ -12,7 +12,7 @@ from app.api.body import read_json
 from app.api.deps import PrincipalCacheDep, SettingsDep, StatsDep, StorageDep, UnitOfWorkDep
 from app.api.retry import run_retry
 from app.core.states import WebhookEventType
-from app.dashboard import content, views
+from app.dashboard import content, project_views
 from app.dashboard.auth import COOKIE, COOKIE_PATH, ApiLogin, set_login_cookie
 from app.dashboard.forms import BatchQueryDep, LimitsForm, QuotasForm
 from app.errors import OpenAIError
@@ -121,7 +121,7 @@ async def keys_feed(_login: ApiLogin, uow: UnitOfWorkDep) -> dict[str, Any]:
 async def create_key(request: Request, _login: ApiLogin, uow: UnitOfWorkDep) -> Response:
     body = await read_json(request, CreateApiKeyRequest)
     key, secret = await uow.run(keys.create_key_object, body.project, body.role, body.name)
-    response = JSONResponse({"row": views.key_row(key), "value": secret})
+    response = JSONResponse({"row": project_views.key_row(key), "value": secret})
     if body.role == "admin" and not request.cookies.get(COOKIE):
         # The first key ends open mode: keep this browser logged in with it.
         set_login_cookie(response, request, secret)
@@ -147,7 +147,7 @@ async def set_limits(
 ) -> dict[str, Any]:
     body = await read_json(request, LimitsForm)
     found = await uow.run(enqueued.set_limits, settings, project_id, body)
-    return {"id": found.project_id, "limits": views.limits_line(found)}
+    return {"id": found.project_id, "limits": project_views.limits_line(found)}
 
 
 @router.post("/projects/{project_id}/quotas")
@@ -160,7 +160,7 @@ async def set_quotas(
 ) -> dict[str, Any]:
     body = await read_json(request, QuotasForm)
     found = await uow.run(quotas.set_quotas, settings, project_id, body)
-    return {"id": found.project_id, "quotas": views.quota_lines(found)}
+    return {"id": found.project_id, "quotas": project_views.quota_lines(found)}
 
 
 @router.post("/keys/{key_id}/revoke")
