@@ -21,6 +21,8 @@ if TYPE_CHECKING:
     from app.config import Settings
     from app.services.auth import Access
 
+    Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
+
 Command = Callable[[argparse.Namespace], int]
 
 RUN_BATCH_VLLM_HELP = (
@@ -154,10 +156,20 @@ def _listen(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, help="the port (default: OVERNIGHT_PORT, 8000)")
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
+def _local_command(
+    sub: "Subparsers", name: str, help: str, func: Command
+) -> argparse.ArgumentParser:
+    """A command that runs on this host's data: `--data-dir` names it."""
+    parser = sub.add_parser(name, help=help)
     parser.add_argument(
         "--data-dir", dest="data_dir", help="where the SQLite file and stored files live"
     )
+    parser.set_defaults(func=func)
+    return parser
+
+
+def _group(sub: "Subparsers", name: str, help: str) -> "Subparsers":
+    return sub.add_parser(name, help=help).add_subparsers(dest=f"{name}_command", required=True)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -165,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"overnight {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("serve", help="run the API and one worker per served model")
+    p = _local_command(sub, "serve", "run the API and one worker per served model", cmd_serve)
     _listen(p)
     p.add_argument("--models", help="comma-separated served models to start workers for")
     p.add_argument("--no-workers", action="store_true", help="the API only, workers run elsewhere")
@@ -181,19 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=8001,
         help="the first worker's online port with --online (default: 8001)",
     )
-    _common(p)
-    p.set_defaults(func=cmd_serve)
-    p = sub.add_parser("api", help="run the HTTP API only")
-    _listen(p)
-    _common(p)
-    p.set_defaults(func=cmd_api)
-
-    db = sub.add_parser("db", help="database schema").add_subparsers(
-        dest="db_command", required=True
-    )
-    p = db.add_parser("upgrade", help="apply every migration")
-    _common(p)
-    p.set_defaults(func=cmd_db_upgrade)
+    _listen(_local_command(sub, "api", "run the HTTP API only", cmd_api))
+    db = _group(sub, "db", "database schema")
+    _local_command(db, "upgrade", "apply every migration", cmd_db_upgrade)
 
     register_client_commands(sub)  # batches, files, keys
     p = sub.add_parser(
@@ -210,12 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
         "worker", help="run batch requests on an embedded vLLM engine", add_help=False
     )
     p.set_defaults(func=cmd_worker)
-    models = sub.add_parser("models", help="bundled models").add_subparsers(
-        dest="models_command", required=True
-    )
-    p = models.add_parser("prepare", help="convert the bundled chat model once, ahead of time")
-    _common(p)
-    p.set_defaults(func=cmd_models_prepare)
+    models = _group(sub, "models", "bundled models")
+    prepare = "convert the bundled chat model once, ahead of time"
+    _local_command(models, "prepare", prepare, cmd_models_prepare)
     return parser
 
 

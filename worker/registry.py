@@ -76,30 +76,33 @@ def heartbeat(
     engine: EngineStats | None = None,
 ) -> None:
     engine = engine or EngineStats()
+    _update(
+        session, worker_id, current_shard_id, tokens_per_second, engine, heartbeat_at=time.time()
+    )
+
+
+def stopped(session: Session, worker_id: str) -> None:
+    _update(session, worker_id, None, 0.0, EngineStats(), stopped_at=time.time())
+
+
+def _update(
+    session: Session,
+    worker_id: str,
+    current_shard_id: int | None,
+    tokens_per_second: float,
+    engine: EngineStats,
+    **stamp: float,
+) -> None:
     session.execute(
         update(RegisteredWorker)
         .where(RegisteredWorker.id == worker_id)
         .values(
-            heartbeat_at=time.time(),
             current_shard_id=current_shard_id,
             tokens_per_second=tokens_per_second,
             engine_running=engine.running,
             engine_waiting=engine.waiting,
             kv_cache_usage=engine.kv_cache_usage,
-        )
-    )
-
-
-def stopped(session: Session, worker_id: str) -> None:
-    session.execute(
-        update(RegisteredWorker)
-        .where(RegisteredWorker.id == worker_id)
-        .values(
-            stopped_at=time.time(),
-            current_shard_id=None,
-            tokens_per_second=0.0,
-            engine_running=0,
-            engine_waiting=0,
+            **stamp,
         )
     )
 

@@ -86,10 +86,9 @@ def _listed(args: argparse.Namespace) -> list[Batch]:
 
 def cmd_list(args: argparse.Namespace) -> int:
     batches = _listed(args)
-    if args.json:
-        output.print_json(batches)
-        return 0
-    output.print_table(
+    return output.print_listing(
+        args.json,
+        batches,
         ["ID", "STATUS", "DONE", "FAILED", "TOTAL", "MODEL", "CREATED"],
         (
             (
@@ -105,7 +104,6 @@ def cmd_list(args: argparse.Namespace) -> int:
         ),
         empty=f"No {args.status} batches." if args.status else "No batches.",
     )
-    return 0
 
 
 def _show(batch: Batch, schedule: dict[str, Any] | None = None, waited: float = 0.0) -> None:

@@ -9,15 +9,13 @@ from app.client.connection import client
 def cmd_list(args: argparse.Namespace) -> int:
     kwargs = {"purpose": args.purpose} if args.purpose else {}
     files = client(args).files.list(limit=args.limit, **kwargs).data
-    if args.json:
-        output.print_json(files)
-        return 0
-    output.print_table(
+    return output.print_listing(
+        args.json,
+        files,
         ["ID", "FILENAME", "PURPOSE", "BYTES", "CREATED"],
         ((f.id, f.filename, f.purpose, f.bytes, output.age(f.created_at)) for f in files),
         empty="No files.",
     )
-    return 0
 
 
 def cmd_rm(args: argparse.Namespace) -> int:

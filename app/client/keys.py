@@ -64,10 +64,9 @@ def _rows(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def cmd_list(args: argparse.Namespace) -> int:
     rows = _rows(args)
-    if args.json:
-        output.print_json(rows)
-        return 0
-    output.print_table(
+    return output.print_listing(
+        args.json,
+        rows,
         ["ID", "PROJECT", "ROLE", "NAME", "KEY", "CREATED"],
         (
             (
@@ -82,7 +81,6 @@ def cmd_list(args: argparse.Namespace) -> int:
         ),
         empty="No API keys: the API is open to anyone who can reach it.",
     )
-    return 0
 
 
 def cmd_revoke(args: argparse.Namespace) -> int:

@@ -79,6 +79,21 @@ def print_json(items: BaseModel | dict[str, Any] | Sequence[BaseModel | dict[str
     print(json.dumps(data, indent=2, ensure_ascii=False))
 
 
+def print_listing(
+    as_json: bool,
+    found: BaseModel | dict[str, Any] | Sequence[BaseModel | dict[str, Any]],
+    columns: Sequence[str],
+    rows: Iterable[Sequence[Any]],
+    empty: str,
+) -> int:
+    """`found` as JSON for a script, else as a table of `rows`; the command's exit status."""
+    if as_json:
+        print_json(found)
+    else:
+        print_table(columns, rows, empty)
+    return 0
+
+
 def print_table(columns: Sequence[str], rows: Iterable[Sequence[Any]], empty: str) -> None:
     rows = list(rows)
     if not rows:

@@ -15,15 +15,13 @@ from app.client.connection import CliError, client
 def cmd_list(args: argparse.Namespace) -> int:
     page: dict[str, Any] = client(args).get("/admin/projects", cast_to=dict)
     rows = list(page["data"])
-    if args.json:
-        output.print_json(rows)
-        return 0
-    output.print_table(
+    return output.print_listing(
+        args.json,
+        rows,
         ["ID", "NAME", "WEIGHT", "CREATED"],
         ((r["id"], r["name"], f"{r['weight']:g}", output.age(r["created_at"])) for r in rows),
         empty="No projects yet.",
     )
-    return 0
 
 
 def cmd_weight(args: argparse.Namespace) -> int:
@@ -43,10 +41,9 @@ def _limit_text(limit: int | None, own: int | None, unit: str) -> str:
 def cmd_limits(args: argparse.Namespace) -> int:
     page: dict[str, Any] = client(args).get(f"/admin/projects/{args.project}/limits", cast_to=dict)
     rows = list(page["data"])
-    if args.json:
-        output.print_json(rows)
-        return 0
-    output.print_table(
+    return output.print_listing(
+        args.json,
+        rows,
         ["MODEL", "ENQUEUED TOKENS", "ENQUEUED REQUESTS"],
         (
             (
@@ -58,7 +55,6 @@ def cmd_limits(args: argparse.Namespace) -> int:
         ),
         empty="No models.",
     )
-    return 0
 
 
 def cmd_limit(args: argparse.Namespace) -> int:
@@ -83,10 +79,9 @@ def _quota_text(quota: dict[str, Any], unit: str) -> str:
 
 def cmd_quotas(args: argparse.Namespace) -> int:
     found: dict[str, Any] = client(args).get(f"/admin/projects/{args.project}/quotas", cast_to=dict)
-    if args.json:
-        output.print_json(found)
-        return 0
-    output.print_table(
+    return output.print_listing(
+        args.json,
+        found,
         ["QUOTA", "IN USE", "LIMIT"],
         (
             (unit, f"{found[field]['used']:,}", _quota_text(found[field], unit))
@@ -94,7 +89,6 @@ def cmd_quotas(args: argparse.Namespace) -> int:
         ),
         empty="No quotas.",
     )
-    return 0
 
 
 def cmd_quota(args: argparse.Namespace) -> int:

@@ -36,10 +36,9 @@ def cmd_create(args: argparse.Namespace) -> int:
 
 def cmd_list(args: argparse.Namespace) -> int:
     endpoints = client(args).webhooks.list(limit=100, extra_query=_project(args)).data
-    if args.json:
-        output.print_json(endpoints)
-        return 0
-    output.print_table(
+    return output.print_listing(
+        args.json,
+        endpoints,
         ["ID", "NAME", "URL", "EVENTS", "ENABLED", "CREATED"],
         (
             (
@@ -54,7 +53,6 @@ def cmd_list(args: argparse.Namespace) -> int:
         ),
         empty="No webhook endpoints: add one with `overnight webhooks create URL`.",
     )
-    return 0
 
 
 def cmd_update(args: argparse.Namespace) -> int:
@@ -99,10 +97,9 @@ def cmd_deliveries(args: argparse.Namespace) -> int:
         cast_to=dict,
     )
     rows = page["data"]
-    if args.json:
-        output.print_json(rows)
-        return 0
-    output.print_table(
+    return output.print_listing(
+        args.json,
+        rows,
         ["WEBHOOK-ID", "EVENT", "STATUS", "ATTEMPTS", "HTTP", "LATENCY", "LAST ERROR", "CREATED"],
         (
             (
@@ -119,4 +116,3 @@ def cmd_deliveries(args: argparse.Namespace) -> int:
         ),
         empty="No deliveries yet.",
     )
-    return 0

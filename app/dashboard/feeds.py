@@ -3,14 +3,18 @@
 Every read and write goes through a service in a `uow.run` (one committed transaction).
 """
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Literal, NamedTuple
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel
+from sqlalchemy.orm import Session
 
 from app.api.body import read_json
 from app.api.deps import PrincipalCacheDep, SettingsDep, StatsDep, StorageDep, UnitOfWorkDep
 from app.api.retry import run_retry
+from app.config import Settings
 from app.core.states import WebhookEventType
 from app.dashboard import content, project_views
 from app.dashboard.auth import COOKIE, COOKIE_PATH, ApiLogin, set_login_cookie
@@ -137,30 +141,32 @@ async def set_weight(
     return {"id": project.id, "weight": project.weight}
 
 
-@router.post("/projects/{project_id}/limits")
-async def set_limits(
+class _ProjectSetting(NamedTuple):
+    form: type[BaseModel]
+    apply: Callable[[Session, Settings, str, Any], Any]
+    show: Callable[[Any], str | list[str]]
+
+
+# The projects table's forms beside the weight: each sets what it carries, then shows it.
+_PROJECT_SETTINGS = {
+    "limits": _ProjectSetting(LimitsForm, enqueued.set_limits, project_views.limits_line),
+    "quotas": _ProjectSetting(QuotasForm, quotas.set_quotas, project_views.quota_lines),
+}
+
+
+@router.post("/projects/{project_id}/{setting}")
+async def set_project_setting(
     project_id: str,
+    setting: Literal["limits", "quotas"],
     request: Request,
     _login: ApiLogin,
     uow: UnitOfWorkDep,
     settings: SettingsDep,
 ) -> dict[str, Any]:
-    body = await read_json(request, LimitsForm)
-    found = await uow.run(enqueued.set_limits, settings, project_id, body)
-    return {"id": found.project_id, "limits": project_views.limits_line(found)}
-
-
-@router.post("/projects/{project_id}/quotas")
-async def set_quotas(
-    project_id: str,
-    request: Request,
-    _login: ApiLogin,
-    uow: UnitOfWorkDep,
-    settings: SettingsDep,
-) -> dict[str, Any]:
-    body = await read_json(request, QuotasForm)
-    found = await uow.run(quotas.set_quotas, settings, project_id, body)
-    return {"id": found.project_id, "quotas": project_views.quota_lines(found)}
+    form, apply, show = _PROJECT_SETTINGS[setting]
+    body = await read_json(request, form)
+    found = await uow.run(apply, settings, project_id, body)
+    return {"id": found.project_id, setting: show(found)}
 
 
 @router.post("/keys/{key_id}/revoke")
