@@ -28,7 +28,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.asgi import HttpMiddleware
 from app.config import Settings
-from app.core.states import BatchStatus
+from app.core.states import BatchApi, BatchStatus
 from app.logging import ResponseWatch
 from app.schemas.admin import WorkerState
 from app.services import monitoring, online_usage
@@ -46,10 +46,7 @@ class DatabaseCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         stats = self.stats.get()
         totals, workers = stats.totals, stats.workers
-        batches = GaugeMetricFamily("overnight_batches", "Batches by status.", labels=["status"])
-        for status in BatchStatus:
-            batches.add_metric([status], totals.batches_by_status.get(status, 0))
-        yield batches
+        yield _batches_metric(totals)
         yield _queue_metric(totals, self.settings, workers)
         yield from _done_metrics(totals)
         yield _histogram(
@@ -66,6 +63,18 @@ class DatabaseCollector(Collector):
         per_tenant = self.settings.metrics_per_batch
         yield _throughput_metric(stats.running, per_tenant)
         yield from _online_metrics(stats.online, per_tenant)
+
+
+def _batches_metric(totals: monitoring.Totals) -> Metric:
+    batches = GaugeMetricFamily(
+        "overnight_batches",
+        "Batches by status and by the API they were created through (anthropic: Message Batches).",
+        labels=["api", "status"],
+    )
+    for api in BatchApi:
+        for status in BatchStatus:
+            batches.add_metric([api, status], totals.batches_by_api_status.get((api, status), 0))
+    return batches
 
 
 # Labels that name a tenant's objects: shown only with `metrics_per_batch`, since

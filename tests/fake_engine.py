@@ -1,5 +1,7 @@
 """A scripted engine with `worker.engine.Engine`'s interface, and a worker run in a thread.
 
+It answers `/v1/chat/completions` and, in Anthropic's `message` shape, `/v1/messages`.
+
 For fast tests of the scheduling, checkpoint and lease logic only: every end-to-end path is
 also tested against the real vLLM engine (tests/test_worker_engine.py).
 """
@@ -11,7 +13,7 @@ from typing import Any
 
 from app.config import Settings
 from app.core.progress import Usage
-from app.endpoints import CHAT
+from app.endpoints import CHAT, MESSAGES
 from worker.engine_gauges import EngineStats
 from worker.engine_results import EngineResult, error_result
 from worker.loop import Worker, WorkerOptions
@@ -20,7 +22,8 @@ MODEL = "SmolLM2-135M-Instruct"
 
 
 class FakeEngine:
-    """Answers after `delay` seconds (a body's `"delay"` overrides it) with an echo."""
+    """Answers after `delay` seconds (a body's `"delay"` overrides it) with the last message
+    reversed."""
 
     def __init__(
         self, delay: float = 0.01, max_num_seqs: int = 4, served_names: list[str] | None = None
@@ -52,13 +55,15 @@ class FakeEngine:
             return error_result(400, "Streaming is not supported in batch requests.", "stream")
         if "messages" not in body:
             return error_result(400, "1 validation error: messages: Field required", "messages")
-        text = str(body["messages"][-1].get("content", ""))
+        text = str(body["messages"][-1].get("content", ""))[::-1]
+        if endpoint == MESSAGES:
+            return _message(body, request_id, text)
         usage = {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
         answer = {
             "id": f"chatcmpl-{request_id}",
             "object": "chat.completion",
             "model": body.get("model"),
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text[::-1]}}],
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}}],
             "usage": usage,
         }
         return EngineResult(200, answer, Usage(input_tokens=3, output_tokens=2))
@@ -73,6 +78,23 @@ class FakeEngine:
 
     def bodies(self) -> list[dict[str, Any]]:
         return [body for endpoint, body, _ in self.calls if endpoint == CHAT]
+
+
+def _message(body: dict[str, Any], request_id: str, text: str) -> EngineResult:
+    """As Anthropic's Messages API answers (and vLLM's serving class for it)."""
+    if "max_tokens" not in body:
+        return error_result(400, "1 validation error: max_tokens: Field required")
+    message = {
+        "id": f"chatcmpl-{request_id}",
+        "type": "message",
+        "role": "assistant",
+        "model": body["model"],
+        "content": [{"type": "text", "text": text}],
+        "stop_reason": "end_turn",
+        "stop_sequence": None,
+        "usage": {"input_tokens": 3, "output_tokens": 2},
+    }
+    return EngineResult(200, message, Usage(input_tokens=3, output_tokens=2))
 
 
 class ThreadedWorker:

@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import anthropic
 import openai
 import orjson
 import pytest
@@ -18,7 +19,7 @@ import pytest
 from app.cli import main
 from app.config import Settings
 from app.core.throughput import batch_throughput
-from tests.engine_fixtures import chat_line, jsonl, start_batch, wait_status
+from tests.engine_fixtures import MODEL, chat_line, jsonl, start_batch, wait_status
 from tests.fake_engine import FakeEngine, ThreadedWorker, fast
 from tests.harness import RunningServer, running_server
 
@@ -234,6 +235,33 @@ def test_list_by_status_and_a_failed_batch_downloads_nothing(
     assert not any(line.strip() in ("output file", "error file") for line in shown), "no empty rows"
     [created] = [line for line in shown if line.startswith("created")]
     assert created.split()[-1] == time.strftime("%Z"), "timestamps carry their zone"
+
+
+def test_message_batches_are_listed_shown_and_downloaded_beside_openai_ones(
+    server: RunningServer, sdk: openai.OpenAI, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    openai_batch = start_batch(sdk, jsonl([chat_line("o-1")]), name="o.jsonl")
+    hello = {"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "hello"}]}
+    with anthropic.Anthropic(base_url=server.url, api_key=ADMIN_KEY, max_retries=0) as claude:
+        created = claude.messages.batches.create(requests=[{"custom_id": "m-1", "params": hello}])
+    with ThreadedWorker(server.settings, FakeEngine()):
+        wait_status(sdk, created.id, "completed")
+
+    assert main(run(server, "batches", "list")) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert listed[0].split()[:2] == ["ID", "API"]
+    assert {tuple(row.split()[:2]) for row in listed[1:]} == {
+        (created.id, "anthropic"),
+        (openai_batch, "openai"),
+    }
+    assert main(run(server, "batches", "show", created.id)) == 0
+    shown = capsys.readouterr().out
+    assert re.search(r"^api\s+anthropic\s*$", shown, re.M) and "1 ok, 0 failed, 1 total" in shown
+    out = tmp_path / "m.jsonl"
+    assert main(run(server, "batches", "download", created.id, "-o", str(out))) == 0
+    [result] = [orjson.loads(x) for x in out.read_bytes().splitlines()]
+    assert result["custom_id"] == "m-1"
+    assert result["response"]["body"]["content"] == [{"type": "text", "text": "olleh"}]
 
 
 def test_the_first_key_keeps_open_mode_work_in_view(settings: Settings, tmp_path: Path) -> None:

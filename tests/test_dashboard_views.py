@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy.orm import Session
 
 from app.config import Settings
-from app.core.states import BatchStatus, ShardStatus
+from app.core.states import BatchApi, BatchStatus, ShardStatus
 from app.dashboard import charts, content, display, project_views
 from app.db.models import Batch, RegisteredWorker, ResultChunk, Shard
 from app.db.session import session_scope, upgrade
@@ -175,6 +175,21 @@ def test_rows_show_reason_duration_and_stacked_counts(db: Settings, storage: Sto
         ("failed", 40.0, 10.0),
         ("unrun", 50.0, 50.0),
     ]
+
+
+def test_rows_say_which_api_a_batch_came_through(db: Settings, storage: Storage) -> None:
+    openai_batch = add_batch(db)
+    message_batch = add_batch(db, api=BatchApi.ANTHROPIC)
+    with session_scope(db) as session:
+        found = {r["id"]: r for r in rows(session, storage)["rows"]}
+    assert (found[openai_batch]["api"], found[openai_batch]["message_batch"]) == (
+        "OpenAI Batch API",
+        False,
+    )
+    assert (found[message_batch]["api"], found[message_batch]["message_batch"]) == (
+        "Anthropic Message Batches",
+        True,
+    )
 
 
 def test_overview_queue_workers_tokens_and_series(db: Settings, storage: Storage) -> None:

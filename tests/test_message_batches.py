@@ -1,11 +1,14 @@
 """Anthropic's Message Batches API, driven with the official `anthropic` SDK against the real app.
 
-The API tests run batches on the real worker loop with a scripted engine that answers
+The API tests run batches on the real worker loop with the scripted engine, which answers
 `/v1/messages` in Anthropic's shape (its text: the last message reversed), on SQLite and
-PostgreSQL. One test runs SmolLM2 on the real vLLM engine: Message Batch results, and an
-OpenAI batch of `/v1/messages` lines, equal vLLM's own `/v1/messages` answers (greedy).
+PostgreSQL; crash resume runs it in worker processes (tests/fake_worker.py). One test runs
+SmolLM2 on the real vLLM engine: Message Batch results, and an OpenAI batch of
+`/v1/messages` lines, equal vLLM's own `/v1/messages` answers (greedy).
 """
 
+import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,50 +22,27 @@ import pytest
 from anthropic.types.messages import MessageBatch, MessageBatchSucceededResult
 
 from app.config import Settings
-from app.core.progress import Usage
 from app.db.session import session_scope
 from app.endpoints import MESSAGES
 from app.services.auth import create_key
 from tests.engine_fixtures import (
     MODEL,
+    FakeWorkerProcess,
     chat_line,
     deployment,
     file_lines,
     jsonl,
     line,
+    persisted,
     smollm2_args,
     start_batch,
     wait_status,
 )
 from tests.fake_engine import FakeEngine, ThreadedWorker, fast
 from tests.harness import RunningServer, free_port, running_server
-from worker.engine_results import EngineResult, error_result
 
 ADMIN_KEY = "sk-admin-message-batches"
 DAY = 24 * 3600
-
-
-class MessagesEngine(FakeEngine):
-    """The scripted engine, answering `/v1/messages` as Anthropic's Messages API does."""
-
-    async def run(self, endpoint: str, body: dict[str, Any], request_id: str) -> EngineResult:
-        result = await super().run(endpoint, body, request_id)
-        if endpoint != MESSAGES or not result.ok:
-            return result
-        if "max_tokens" not in body:
-            return error_result(400, "1 validation error: max_tokens: Field required")
-        text = result.body["choices"][0]["message"]["content"]
-        message = {
-            "id": f"chatcmpl-{request_id}",
-            "type": "message",
-            "role": "assistant",
-            "model": body["model"],
-            "content": [{"type": "text", "text": text}],
-            "stop_reason": "end_turn",
-            "stop_sequence": None,
-            "usage": {"input_tokens": 3, "output_tokens": 2},
-        }
-        return EngineResult(200, message, Usage(input_tokens=3, output_tokens=2))
 
 
 @pytest.fixture
@@ -78,8 +58,8 @@ def server(settings: Settings, keys: dict[str, str]) -> Iterator[RunningServer]:
 
 
 @pytest.fixture
-def engine(server: RunningServer) -> Iterator[MessagesEngine]:
-    engine = MessagesEngine()
+def engine(server: RunningServer) -> Iterator[FakeEngine]:
+    engine = FakeEngine()
     with ThreadedWorker(server.settings, engine):
         yield engine
 
@@ -121,7 +101,7 @@ def anthropic_error(exc: anthropic.APIStatusError) -> dict[str, Any]:
 
 
 def test_create_run_results_and_delete(
-    alpha: anthropic.Anthropic, engine: MessagesEngine, server: RunningServer, keys: dict[str, str]
+    alpha: anthropic.Anthropic, engine: FakeEngine, server: RunningServer, keys: dict[str, str]
 ) -> None:
     batch_requests = requests("hello", "world")
     no_max = {k: v for k, v in params("x").items() if k != "max_tokens"}
@@ -198,9 +178,7 @@ def test_list_pages_with_both_cursors(
         alpha.messages.batches.retrieve(openai_batch)
 
 
-def test_cancel_aborts_and_ends_canceled(
-    alpha: anthropic.Anthropic, engine: MessagesEngine
-) -> None:
+def test_cancel_aborts_and_ends_canceled(alpha: anthropic.Anthropic, engine: FakeEngine) -> None:
     created = alpha.messages.batches.create(requests=requests("slow", "slower", delay=60))
     deadline = time.monotonic() + 60
     while len(engine.calls) < 2:
@@ -222,6 +200,49 @@ def test_cancel_aborts_and_ends_canceled(
     assert types == ["canceled", "canceled"]
     assert len(engine.aborted) == 2  # the in-flight requests were stopped in the engine
     assert alpha.messages.batches.delete(created.id).id == created.id
+
+
+def test_a_killed_workers_batch_resumes_on_a_fresh_one(
+    alpha: anthropic.Anthropic, server: RunningServer
+) -> None:
+    """Crash resume: the worker process is SIGKILLed mid-batch, its lease lapses and a fresh
+    worker ends the batch without sending any request recorded before the kill again."""
+    n = 80
+    first = FakeWorkerProcess(server.settings, "w-killed", ["--delay", "0.1"])
+    second: FakeWorkerProcess | None = None
+    try:
+        first.wait_ready(timeout=60)
+        created = alpha.messages.batches.create(requests=requests(*(f"m{i}" for i in range(n))))
+        wait_succeeded(alpha, created.id, 8)
+        os.kill(first.process.pid, signal.SIGKILL)
+        first.process.wait(10)
+        recorded = set(persisted(server.settings, created.id))
+        assert 8 <= len(recorded) < n, "the kill came before the end of the batch"
+        second = FakeWorkerProcess(server.settings, "w-fresh", ["--delay", "0.01"])
+        ended = wait_ended(alpha, created.id, timeout=120)
+    finally:
+        for worker in (first, second):
+            if worker is not None:
+                worker.stop()
+
+    found = [
+        (item.custom_id, item.result.type) for item in alpha.messages.batches.results(ended.id)
+    ]
+    assert sorted(found) == sorted((f"r-{i}", "succeeded") for i in range(n))
+    counts = ended.request_counts
+    assert (counts.succeeded, counts.processing, counts.errored) == (n, 0, 0)
+    assert (counts.canceled, counts.expired) == (0, 0)
+    assert second is not None
+    resumed = set(second.submissions(created.id))
+    assert resumed, "the fresh worker ran the rest"
+    assert not resumed & recorded, f"lines sent again: {sorted(resumed & recorded)[:10]}"
+
+
+def wait_succeeded(client: anthropic.Anthropic, batch_id: str, at_least: int) -> None:
+    deadline = time.monotonic() + 60
+    while client.messages.batches.retrieve(batch_id).request_counts.succeeded < at_least:
+        assert time.monotonic() < deadline, f"{batch_id}: fewer than {at_least} succeeded"
+        time.sleep(0.02)
 
 
 def test_errors_are_anthropics_and_keys_scope_batches(

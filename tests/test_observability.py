@@ -83,7 +83,7 @@ def test_metrics_follow_batches_and_workers(
         (("model", m.name),) for m in settings.models
     }
     assert before[queue] == 0
-    assert before[("overnight_batches", (("status", "in_progress"),))] == 0
+    assert before[("overnight_batches", (("api", "openai"), ("status", "in_progress")))] == 0
     assert not any(name == "overnight_requests_total" for name, _labels in before)
     assert not any(name.endswith("_created") for name, _labels in before)
 
@@ -103,7 +103,7 @@ def test_metrics_follow_batches_and_workers(
         registry.heartbeat(session, "w-1", claim.shard_id, 42.5, EngineStats(3, 5, 0.25))
 
     now = metrics(http)
-    assert now[("overnight_batches", (("status", "in_progress"),))] == 1
+    assert now[("overnight_batches", (("api", "openai"), ("status", "in_progress")))] == 1
     assert now[queue] == 10 - written
     assert now[("overnight_queue_requests", (("model", "all-MiniLM-L6-v2"),))] == 0
     live = client.batches.retrieve(batch.id).request_counts
@@ -135,6 +135,22 @@ def test_metrics_follow_batches_and_workers(
     }
     assert "/v1/batches/{batch_id}" in routes
     assert not any(batch.id in (r or "") for r in routes)
+
+
+def test_metrics_count_message_batches_apart(http: httpx.Client, client: openai.OpenAI) -> None:
+    hello = {
+        "model": batch_sim.MODEL,
+        "max_tokens": 8,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+    created = http.post(
+        "/v1/messages/batches", json={"requests": [{"custom_id": "m", "params": hello}]}
+    )
+    assert created.status_code == 200, created.text
+    wait_status(client, created.json()["id"], "in_progress")
+    now = metrics(http)
+    assert now[("overnight_batches", (("api", "anthropic"), ("status", "in_progress")))] == 1
+    assert now[("overnight_batches", (("api", "openai"), ("status", "in_progress")))] == 0
 
 
 def test_metrics_name_no_batch_or_project_unless_asked(

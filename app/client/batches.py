@@ -1,4 +1,8 @@
-"""`overnight batches submit|list|show|cancel|download|retry`."""
+"""`overnight batches submit|list|show|cancel|download|retry`.
+
+Message Batches (Anthropic's API) are batches too: every command takes their `msgbatch_…`
+ids, and `list` and `show` say which API a batch was created through.
+"""
 
 import argparse
 import os
@@ -14,6 +18,7 @@ from app.client import output
 from app.client.connection import CliError, client
 from app.client.projects import schedule_of, schedule_rows
 from app.client.wait import wait_for
+from app.ids import batch_api_of
 
 DEFAULT_ENDPOINT = "/v1/chat/completions"
 TERMINAL = ("completed", "failed", "expired", "cancelled")
@@ -89,10 +94,11 @@ def cmd_list(args: argparse.Namespace) -> int:
     return output.print_listing(
         args.json,
         batches,
-        ["ID", "STATUS", "DONE", "FAILED", "TOTAL", "MODEL", "CREATED"],
+        ["ID", "API", "STATUS", "DONE", "FAILED", "TOTAL", "MODEL", "CREATED"],
         (
             (
                 b.id,
+                batch_api_of(b.id),
                 b.status,
                 b.request_counts.completed if b.request_counts else 0,
                 b.request_counts.failed if b.request_counts else 0,
@@ -102,7 +108,7 @@ def cmd_list(args: argparse.Namespace) -> int:
             )
             for b in batches
         ),
-        empty=f"No {args.status} batches." if args.status else "No batches.",
+        f"No {args.status} batches." if args.status else "No batches.",
     )
 
 
@@ -110,6 +116,7 @@ def _show(batch: Batch, schedule: dict[str, Any] | None = None, waited: float = 
     counts = batch.request_counts
     rows = [
         ("id", batch.id),
+        ("api", batch_api_of(batch.id)),
         ("status", batch.status),
         ("endpoint", batch.endpoint),
         ("model", batch.model or ""),

@@ -1,7 +1,12 @@
 """The batches page and a batch's page: rows, progress bars, timeline and estimates."""
 
 from app.core.progress import Outcomes
-from app.core.states import CANCELLABLE_BATCH_STATUSES, TERMINAL_BATCH_STATUSES, BatchStatus
+from app.core.states import (
+    CANCELLABLE_BATCH_STATUSES,
+    TERMINAL_BATCH_STATUSES,
+    BatchApi,
+    BatchStatus,
+)
 from app.dashboard.display import DASH, Row, file_href, fmt_duration, fmt_time
 from app.db.models import Batch, File
 from app.services.monitoring import BatchView
@@ -17,6 +22,8 @@ TIMELINE = (
     ("expired_at", "Expired"),
     ("expires_at", "Expires"),
 )
+
+API_NAMES = {BatchApi.OPENAI: "OpenAI Batch API", BatchApi.ANTHROPIC: "Anthropic Message Batches"}
 
 
 def batch_row(view: BatchView, now: float) -> Row:
@@ -36,6 +43,8 @@ def batch_row(view: BatchView, now: float) -> Row:
         "project": view.project_name,
         "model": view.batch.model or DASH,
         "endpoint": view.batch.endpoint,
+        "api": API_NAMES[view.batch.api],
+        "message_batch": view.batch.api == BatchApi.ANTHROPIC,
         "completed": outcomes.completed,
         "failed": outcomes.failed,
         "cancelled": outcomes.cancelled,

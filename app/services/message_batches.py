@@ -23,7 +23,7 @@ from app.core.states import TERMINAL_BATCH_STATUSES, BatchApi, BatchStatus
 from app.db.models import Batch, BatchEstimate, ResultChunk, Shard
 from app.endpoints import MESSAGES
 from app.errors import OpenAIError
-from app.ids import new_file_id, new_id
+from app.ids import new_file_id, new_message_batch_id
 from app.schemas.admin import Quota
 from app.schemas.batches import BatchObject
 from app.schemas.message_batches import (
@@ -41,7 +41,6 @@ from app.services.files import file_storage_key
 from app.services.pagination import Pages
 from app.storage import Storage, StoredObject
 
-ID_PREFIX = "msgbatch_"
 # Anthropic's batches end within 24 hours; a deployment without a `24h` window uses its first.
 COMPLETION_WINDOW = "24h"
 _PROCESSING = {
@@ -128,7 +127,7 @@ def create(
     file_id, stored = input_file
     adding = {Quota.STORED_BYTES: stored.bytes, Quota.FILES: 1, Quota.UNFINISHED_BATCHES: 1}
     quotas.check(session, settings, project_id, adding)
-    batch_id = new_id(ID_PREFIX)
+    batch_id = new_message_batch_id()
     register_client_file(
         session,
         settings,

@@ -89,6 +89,8 @@ class Totals:
     """Deployment-wide sums, for Prometheus; per model, `""` for a batch with none yet."""
 
     batches_by_status: dict[str, int] = field(default_factory=dict)
+    # The same by (api, status): Message Batches (`anthropic`) apart from OpenAI batches.
+    batches_by_api_status: dict[tuple[str, str], int] = field(default_factory=dict)
     # Requests of in-progress batches still to run, by the batch's model.
     queued_by_model: dict[str, int] = field(default_factory=dict)
     # Requests and tokens with a persisted result.
@@ -306,8 +308,10 @@ def file_owner(session: Session, file_id: str) -> str | None:
 def totals(session: Session) -> Totals:
     """Batches by status, queued requests, and requests and tokens processed so far."""
     t = Totals()
-    for status, count in session.execute(select(Batch.status, func.count()).group_by(Batch.status)):
-        t.batches_by_status[status] = int(count)
+    by_api = select(Batch.api, Batch.status, func.count()).group_by(Batch.api, Batch.status)
+    for api, status, count in session.execute(by_api):
+        t.batches_by_api_status[(api, status)] = int(count)
+        t.batches_by_status[status] = t.batches_by_status.get(status, 0) + int(count)
     sums = (
         func.sum(Batch.completed),
         func.sum(Batch.failed),
