@@ -28,6 +28,7 @@ from app.schemas.batches import CreateBatchRequest
 from app.schemas.webhooks import CreateWebhookEndpointRequest
 from app.services import batches, webhook_endpoints
 from app.services.auth import DEFAULT_PROJECT, Principal, create_key, ensure_project
+from app.services.webhook_delivery import backoff_seconds
 from app.services.webhook_targets import TargetRefused, pin
 from tests import batch_sim as sim
 from tests.harness import free_port, running_server
@@ -172,7 +173,12 @@ def test_a_failing_then_hanging_receiver_gets_it_with_the_same_webhook_id(
         assert len({a.headers["webhook-id"] for a in attempts}) == 1
         assert len({a.body for a in attempts}) == 1
         gaps = [b.at - a.at for a, b in itertools.pairwise(attempts)]
-        assert gaps[1] > gaps[0] * 1.5  # backoff doubles
+        # Each retry waits at least its backoff, which doubles (0.2 s, 0.4 s, 0.8 s); the third
+        # also waited out the 1 s timeout. Lower bounds only: a busy machine adds, never takes.
+        waits = [backoff_seconds(fast, n) for n in (1, 2, 3)]
+        assert waits == [0.2, 0.4, 0.8]
+        waits[2] += fast.webhook_timeout_seconds
+        assert all(gap >= wait * 0.95 for gap, wait in zip(gaps, waits, strict=True)), gaps
         assert unwrap(endpoint.signing_secret, attempts[-1]).type == "batch.failed"
         deadline = time.monotonic() + 10
         while True:
