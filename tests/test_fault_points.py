@@ -1,23 +1,26 @@
 """Faults at every named point of every write path (`tests/fault_points.POINTS`), on both
-databases: the process stops there (`os._exit`, then a fresh process resumes), or the call
-raises there (a raise after a commit is its lost reply) and the same process carries on.
-Either way the invariants hold at the end: the batch completes with every custom_id once,
-counts equal to the files, no persisted result run again, no recorded chunk deleted; no
-visible File whose bytes are missing or cut short, and the client's retry gets a whole one.
+databases. Here the call raises there (a raise after a commit is its lost reply) and the same
+process carries on; `test_fault_exits_batch.py` and `test_fault_exits_api.py` stop the process
+there (`os._exit`, then a fresh process resumes). Either way the invariants hold at the end:
+the batch completes with every custom_id once, counts equal to the files, no persisted result
+run again, no recorded chunk deleted; no visible File whose bytes are missing or cut short,
+and the client's retry gets a whole one.
 """
 
-import asyncio
-import subprocess
-import sys
 import time
 
 import pytest
 
 from app.config import Settings
 from app.db.session import session_scope
-from app.services.steps import batch_lease, chunk_cleanup
+from app.services.steps import chunk_cleanup
 from tests.fake_engine import MODEL
-from tests.fault_api import api, assert_api_intact, send_through_faults
+from tests.fault_cases import (
+    assert_invariants_hold_after_a_fault,
+    deployment,
+    ids,
+    run_raising,
+)
 from tests.fault_pipeline import (
     LINES,
     Deployment,
@@ -25,84 +28,16 @@ from tests.fault_pipeline import (
     assert_batch_intact,
     assert_no_violations,
     create_batch,
-    drive,
-    fault_settings,
 )
-from tests.fault_points import (
-    FAULT_EXIT,
-    POINTS,
-    POINTS_BY_NAME,
-    Action,
-    Event,
-    FaultPoint,
-    Injector,
-    Path,
-)
-from tests.harness import REPO
+from tests.fault_points import POINTS, POINTS_BY_NAME, Action, Event, FaultPoint, Injector
 from worker import claim, shard
 
-RECOVERY_SECONDS = 120.0
+__all__ = ["deployment"]
 
 
-@pytest.fixture
-def deployment(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Deployment:
-    # A failed batch step waits a moment, not the production backoff's 5 s.
-    monkeypatch.setattr(batch_lease, "STEP_RETRY_SECONDS", (0.2, 1.0))
-    return Deployment(fault_settings(settings.data_dir, settings.sqlalchemy_url))
-
-
-def stop_at(deployment: Deployment, point: FaultPoint, batch_id: str | None) -> int:
-    """Runs the point's path in a process of its own, armed to stop there; its exit status."""
-    settings = deployment.settings
-    command = [
-        sys.executable,
-        "-m",
-        "tests.fault_victim",
-        f"--data-dir={settings.data_dir}",
-        f"--database-url={settings.database_url}",
-        f"--point={point.name}",
-    ]
-    if batch_id is not None:
-        command.append(f"--batch-id={batch_id}")
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=180)
-    assert done.returncode in (0, FAULT_EXIT), done.stderr[-4000:]
-    return done.returncode
-
-
-def resume(deployment: Deployment, batch_id: str) -> None:
-    """A fresh, unfaulted deployment runs the batch to its end."""
-    asyncio.run(drive(deployment, deployment.storage(), batch_id, RECOVERY_SECONDS))
-
-
-@pytest.mark.parametrize("action", list(Action))
-@pytest.mark.parametrize("point", POINTS, ids=[p.name for p in POINTS])
-def test_the_invariants_hold_after_a_fault_at(
-    deployment: Deployment, point: FaultPoint, action: Action
-) -> None:
-    batch_id, ids = create_batch(deployment) if point.site.path is Path.BATCH else (None, [])
-    if action is Action.EXIT:
-        assert stop_at(deployment, point, batch_id) == FAULT_EXIT, "the point was never reached"
-    else:
-        with armed(deployment, Injector(point, Action.RAISE)) as injector:
-            run_raising(deployment, injector, batch_id)
-        assert injector.fired, "the point was never reached"
-    if batch_id is None:
-        storage = deployment.storage()
-        assert_api_intact(deployment.settings, storage, point.site.path)
-        assert_no_violations(deployment)
-        return
-    resume(deployment, batch_id)
-    assert_batch_intact(deployment, batch_id, ids)
-
-
-def run_raising(deployment: Deployment, injector: Injector, batch_id: str | None) -> None:
-    """The path, in this process, through the fault; the batch's run goes on to its end."""
-    storage = deployment.storage(injector)
-    if batch_id is not None:
-        asyncio.run(drive(deployment, storage, batch_id, RECOVERY_SECONDS))
-        return
-    with api(deployment.settings, storage) as client:
-        send_through_faults(client, injector.point.site.path)
+@pytest.mark.parametrize("point", POINTS, ids=ids(POINTS))
+def test_the_invariants_hold_after_a_raise_at(deployment: Deployment, point: FaultPoint) -> None:
+    assert_invariants_hold_after_a_fault(deployment, point, Action.RAISE)
 
 
 LOST_CHECKPOINT_REPLY = POINTS_BY_NAME[f"checkpoint.record:{Event.COMMIT_AFTER}"]
