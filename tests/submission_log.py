@@ -44,7 +44,7 @@ def record_submissions(path: str) -> None:
     class RecordingScheduler(Scheduler):
         def __init__(self, engine: Engine, window: int, **options: Any) -> None:
             self.recorder = RecordingEngine(engine, fd)
-            super().__init__(self.recorder, window, **options)  # type: ignore[arg-type]
+            super().__init__(self.recorder, window, **options)
 
         async def submit(self, job: Job) -> None:
             self.recorder.expect(job)
