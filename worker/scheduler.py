@@ -160,10 +160,6 @@ class Scheduler:
         self._space.set()
         self._sinks: set[Sink] = set()
 
-    @property
-    def in_flight(self) -> int:
-        return len(self._in_flight)
-
     async def submit(self, job: Job) -> None:
         """Queue a job; waits while the pool is full. Its result goes to `job.sink`."""
         while self._pending >= self.lookahead and self.failure is None:
