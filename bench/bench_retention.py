@@ -28,7 +28,6 @@ from app.config import Settings
 from app.core.states import DeliveryStatus
 from app.db.models import (
     Batch,
-    BatchEstimate,
     File,
     RegisteredWorker,
     ResultChunk,
@@ -46,7 +45,7 @@ from tests.retention_sim import ended_batch, subscribed_endpoint
 from worker import registry
 
 OWNER = "bench-retention"
-PRUNED_TABLES = (Shard, ResultChunk, BatchEstimate, WebhookDelivery, RegisteredWorker, Upload)
+PRUNED_TABLES = (Shard, ResultChunk, WebhookDelivery, RegisteredWorker, Upload)
 
 
 def one_batch(settings: Settings, lines: int) -> None:

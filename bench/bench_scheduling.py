@@ -12,7 +12,8 @@ Scenarios, each run under both orders:
   (iii) overload with a short and a long completion window, time scaled down
         (`OVERNIGHT_COMPLETION_WINDOWS`, "1h" = --short-window seconds): requests expired;
   (iv)  the planner's ETA error (estimated finish against the batch's real finish) at 25, 50
-        and 75 % of each finished batch, from the `batch_estimates` it recorded.
+        and 75 % of each finished batch: the bench polls every open batch's ETA fields (what
+        the API's schedule shows) with its progress, from outside.
 
     .venv/bin/python bench/bench_scheduling.py [--workers 2] [--delay 0.05]
 """
@@ -22,7 +23,9 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -38,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 from sqlalchemy import func, select  # noqa: E402
 
 from app.config import Settings  # noqa: E402
-from app.db.models import Batch, BatchEstimate, Project, Shard  # noqa: E402
+from app.db.models import Batch, Project, Shard  # noqa: E402
 from app.db.session import engine_for, session_scope  # noqa: E402
 from bench.server import api_server  # noqa: E402
 from tests.harness import fresh_database  # noqa: E402
@@ -48,11 +51,63 @@ MODEL = "SmolLM2-135M-Instruct"
 TERMINAL = ("completed", "failed", "expired", "cancelled")
 
 
+@dataclass(frozen=True)
+class Estimate:
+    """A batch's ETA as the planner wrote it, and the requests the batch had done then."""
+
+    made_at: float
+    done: int
+    total: int
+    finish_at: float | None
+
+
+class EtaWatch:
+    """Every open batch's ETA fields, polled while the bench runs: each new estimate, and the
+    standing one again each time the batch did another twentieth of its requests."""
+
+    def __init__(self, settings: Settings, every: float = 0.5) -> None:
+        self.settings = settings
+        self.every = every
+        self.seen: dict[str, list[Estimate]] = defaultdict(list)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self) -> "EtaWatch":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def _watch(self) -> None:
+        done = func.sum(Shard.completed + Shard.failed)
+        query = (
+            select(Batch.id, Batch.eta_made_at, done, Batch.total, Batch.eta_finish_at)
+            .join(Shard, Shard.batch_id == Batch.id)
+            .where(Batch.status == "in_progress", Batch.eta_made_at.is_not(None))
+            .group_by(Batch.seq)
+        )
+        while not self._stop.wait(self.every):
+            with session_scope(self.settings) as session:
+                rows = session.execute(query).all()
+            for batch_id, made_at, done_now, total, finish_at in rows:
+                now = Estimate(made_at, int(done_now or 0), total, finish_at)
+                seen = self.seen[batch_id]
+                if not seen or self._moved_on(seen[-1], now):
+                    seen.append(now)
+
+    @staticmethod
+    def _moved_on(last: Estimate, now: Estimate) -> bool:
+        return last.made_at != now.made_at or now.done >= last.done + now.total / 20
+
+
 @dataclass
 class Run:
     order: str
     url: str
     settings: Settings
+    etas: EtaWatch
     clients: dict[str, openai.OpenAI] = field(default_factory=dict)
 
     def client(self, project: str) -> openai.OpenAI:
@@ -141,7 +196,8 @@ def deployment(order: str, args: argparse.Namespace, work: Path) -> Iterator[Run
             ]
             settings = Settings(data_dir=data, database_url=url, _env_file=None)  # type: ignore[call-arg]
             try:
-                yield Run(order, server.url, settings)
+                with EtaWatch(settings) as etas:
+                    yield Run(order, server.url, settings, etas)
             finally:
                 for w in workers:
                     w.terminate()
@@ -219,33 +275,24 @@ def eta_errors(run: Run) -> dict[int, list[float]]:
         finished = session.execute(
             select(Batch.id, Batch.finalizing_at).where(Batch.status == "completed")
         ).all()
-        for batch_id, finish in finished:
-            rows = session.execute(
-                select(
-                    BatchEstimate.made_at,
-                    BatchEstimate.done,
-                    BatchEstimate.total,
-                    BatchEstimate.finish_at,
-                )
-                .where(BatchEstimate.batch_id == batch_id)
-                .order_by(BatchEstimate.done)
-            ).all()
-            for mark in marks:
-                hit = next((r for r in rows if r.total and r.done >= r.total * mark / 100), None)
-                if hit is None or hit.finish_at is None or finish is None:
-                    continue
-                if hit.made_at >= finish:
-                    # Made once every request had finished (a batch of one shard reports its
-                    # progress with its last checkpoint): no prediction to score.
-                    print(f"{run.order} ETA at {mark} % of {batch_id}: none before it finished")
-                    continue
-                left = max(finish - hit.made_at, 1.0)
-                marks[mark].append(abs(hit.finish_at - finish) / left)
-                print(
-                    f"{run.order} ETA at {mark} % of {batch_id} ({hit.total} requests): "
-                    f"off by {hit.finish_at - finish:+.1f} s, {finish - hit.made_at:.1f} s left",
-                    flush=True,
-                )
+    for batch_id, finish in finished:
+        rows = run.etas.seen.get(batch_id, [])
+        for mark in marks:
+            hit = next((r for r in rows if r.total and r.done >= r.total * mark / 100), None)
+            if hit is None or hit.finish_at is None or finish is None:
+                continue
+            if hit.made_at >= finish:
+                # Made once every request had finished (a batch of one shard reports its
+                # progress with its last checkpoint): no prediction to score.
+                print(f"{run.order} ETA at {mark} % of {batch_id}: none before it finished")
+                continue
+            left = max(finish - hit.made_at, 1.0)
+            marks[mark].append(abs(hit.finish_at - finish) / left)
+            print(
+                f"{run.order} ETA at {mark} % of {batch_id} ({hit.total} requests): "
+                f"off by {hit.finish_at - finish:+.1f} s, {finish - hit.made_at:.1f} s left",
+                flush=True,
+            )
     return marks
 
 

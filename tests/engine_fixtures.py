@@ -151,7 +151,8 @@ def child_env(changes: dict[str, str | None]) -> dict[str, str]:
 class WorkerProcess:
     """`overnight worker` in a subprocess, with its log, submission log and health file."""
 
-    PROGRAM: tuple[str, ...] = ("-m", "app.cli", "worker")
+    # `overnight worker`, recording what it sends to its engine (tests.submission_log).
+    PROGRAM: tuple[str, ...] = ("-m", "tests.recording_worker")
 
     def __init__(
         self,

@@ -11,6 +11,7 @@ import sys
 
 from app.config import get_settings
 from tests.fake_engine import FakeEngine
+from tests.submission_log import record_submissions
 from worker.health import Health
 from worker.loop import WorkerOptions, install_signal_handlers, work
 
@@ -19,7 +20,9 @@ async def _serve(args: argparse.Namespace) -> int:
     stop = asyncio.Event()
     install_signal_handlers(stop)
     health = Health(args.worker_id, args.health_file)
-    options = WorkerOptions(worker_id=args.worker_id, submission_log=args.submission_log)
+    if args.submission_log:
+        record_submissions(args.submission_log)
+    options = WorkerOptions(worker_id=args.worker_id)
     return await work(get_settings(), FakeEngine(delay=args.delay), options, health, stop)
 
 

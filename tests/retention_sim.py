@@ -9,7 +9,7 @@ from sqlalchemy import func, select, update
 
 from app.config import Settings
 from app.core.states import BatchStatus
-from app.db.models import Batch, BatchEstimate, File, ResultChunk, Shard, WebhookEndpoint
+from app.db.models import Batch, File, ResultChunk, Shard, WebhookEndpoint
 from app.db.session import session_scope
 from app.schemas.batches import CreateBatchRequest
 from app.services import batches, monitoring
@@ -44,14 +44,12 @@ def project_id(settings: Settings) -> str:
 
 
 def validated_batch(settings: Settings, lines: int = 5, prefix: str = "req") -> str:
-    """An `in_progress` batch of `lines` requests, with the planner's estimates."""
+    """An `in_progress` batch of `lines` requests."""
     file_id = sim.store_input_file(settings, sim.requests_file(lines, prefix))
     params = CreateBatchRequest(input_file_id=file_id, endpoint=sim.CHAT, completion_window="24h")
     with session_scope(settings) as session:
         batch_id = batches.create_batch(session, settings, project_id(settings), params).id
     validate_pending(settings, OWNER)
-    with session_scope(settings) as session:  # as the planner records them
-        session.add(BatchEstimate(batch_id=batch_id, made_at=time.time(), done=0, total=lines))
     return batch_id
 
 
@@ -76,7 +74,6 @@ def running_batch(settings: Settings) -> str:
 class Rows:
     shards: int
     chunks: int
-    estimates: int
 
 
 def rows_of(settings: Settings, batch_id: str) -> Rows:
@@ -85,7 +82,6 @@ def rows_of(settings: Settings, batch_id: str) -> Rows:
         return Rows(
             session.scalar(select(func.count()).select_from(shards.subquery())) or 0,
             session.scalar(select(func.count()).where(ResultChunk.shard_id.in_(shards))) or 0,
-            session.scalar(select(func.count()).where(BatchEstimate.batch_id == batch_id)) or 0,
         )
 
 

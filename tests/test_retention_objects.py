@@ -14,7 +14,6 @@ from sqlalchemy import func, select, update
 from app.config import Settings
 from app.db.models import (
     Batch,
-    BatchEstimate,
     File,
     ResultChunk,
     Shard,
@@ -123,7 +122,7 @@ def _expire_files_of(settings: Settings, batch_id: str) -> None:
 
 
 def _table_rows(settings: Settings) -> dict[str, int]:
-    tables = (Shard, ResultChunk, BatchEstimate, Upload, UploadPart, WebhookDelivery)
+    tables = (Shard, ResultChunk, Upload, UploadPart, WebhookDelivery)
     with session_scope(settings) as session:
         counts = {
             t.__tablename__: session.scalar(select(func.count()).select_from(t)) or 0
@@ -191,7 +190,7 @@ def test_the_api_prunes_in_its_housekeeping_and_the_batch_stays_readable(
         _eventually(lambda: client.batches.retrieve(batch.id).status == "completed")
         orphan = put(storage, f"batches/{batch.id}/shards/000009/000001-000000.jsonl", [b"x"])
 
-        _eventually(lambda: rows_of(settings, batch.id) == Rows(0, 0, 0))
+        _eventually(lambda: rows_of(settings, batch.id) == Rows(0, 0))
         _eventually(lambda: not storage.exists(orphan.key))
         _eventually(lambda: not remaining(settings, Upload.id, [upload.id]))
         ended = client.batches.retrieve(batch.id)

@@ -85,10 +85,6 @@ def own_parser() -> argparse.ArgumentParser:
         "implies --enable-lora",
     )
     parser.add_argument(
-        "--submission-log",
-        help="append `batch_id line` for every request sent to the engine (audits, tests)",
-    )
-    parser.add_argument(
         "--health-file",
         help="keep the worker's state here as JSON (starting, waiting_for_database, ready, "
         "draining, stopped) for a supervisor's probe",
@@ -258,7 +254,6 @@ async def serve(args: argparse.Namespace, settings: Settings) -> int:
                 window=args.window,
                 dedup=args.dedup,
                 prefix_grouping=args.prefix_grouping,
-                submission_log=args.submission_log,
                 backoff=_backoff(args, engine) if online is not None else None,
             )
             log.info("worker %s serving %s", options.worker_id, ", ".join(engine.served_names))

@@ -16,7 +16,6 @@ lease.
 
 import asyncio
 import logging
-import os
 import signal
 import time
 from collections.abc import Callable
@@ -37,7 +36,7 @@ from worker.engine import Engine, EngineDeadError
 from worker.health import Health, HealthState
 from worker.media_guard import MediaGuard
 from worker.outage import backoff, database_down, first_line, until_database
-from worker.scheduler import Job, Scheduler
+from worker.scheduler import Scheduler
 from worker.shard import RunOptions, ShardRun
 
 log = logging.getLogger("overnight.worker")
@@ -57,22 +56,9 @@ class WorkerOptions:
     window: int | None = None
     dedup: bool = True
     prefix_grouping: bool = True
-    submission_log: str | None = None
     max_active_shards: int = 3
     # With the online API on: how the batch window gives way to online requests.
     backoff: BackoffPolicy | None = None
-
-
-def _submission_logger(path: str | None) -> Callable[[Job], None] | None:
-    if not path:
-        return None
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-
-    def log_submission(job: Job) -> None:
-        # Unbuffered, so that the record survives a SIGKILL right after the submission.
-        os.write(fd, f"{job.batch_id} {job.line}\n".encode())
-
-    return log_submission
 
 
 class Worker:
@@ -97,7 +83,6 @@ class Worker:
             prefix_grouping=options.prefix_grouping,
             # vLLM's engine with LoRA on: which lines' adapters may share it (worker.adapters).
             adapters=getattr(engine, "adapter_rule", None),
-            on_submit=_submission_logger(options.submission_log),
         )
         self.run_options = RunOptions(
             checkpoint_seconds=settings.worker_checkpoint_seconds,

@@ -10,7 +10,7 @@ import asyncio
 import hashlib
 import logging
 from collections import OrderedDict, deque
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -138,7 +138,6 @@ class Scheduler:
         lookahead: int | None = None,
         dedup: bool = True,
         prefix_grouping: bool = True,
-        on_submit: Callable[[Job], None] | None = None,
         adapters: AdapterRule | None = None,
     ) -> None:
         self.engine = engine
@@ -146,11 +145,9 @@ class Scheduler:
         self.lookahead = lookahead or self.window
         self.dedup = dedup
         self.prefix_grouping = prefix_grouping
-        self.on_submit = on_submit
         # With LoRA: only requests whose adapters may share the engine are in flight together.
         self._adapters = InFlightAdapters(adapters) if adapters is not None else None
         self.failure: BaseException | None = None
-        self.engine_submissions = 0
         self.output_tokens = 0
         self._groups: OrderedDict[Hashable, deque[Job]] = OrderedDict()
         self._pending = 0
@@ -163,14 +160,6 @@ class Scheduler:
         self._space = asyncio.Event()
         self._space.set()
         self._sinks: set[Sink] = set()
-
-    @property
-    def in_flight(self) -> int:
-        return len(self._in_flight)
-
-    @property
-    def pending(self) -> int:
-        return self._pending
 
     async def submit(self, job: Job) -> None:
         """Queue a job; waits while the pool is full. Its result goes to `job.sink`."""
@@ -252,7 +241,6 @@ class Scheduler:
             if job is None:
                 break
             self._enter(job)
-            self.engine_submissions += 1
             job.task = asyncio.create_task(self._run(job))
         if self._pending < self.lookahead:
             self._space.set()
@@ -261,8 +249,6 @@ class Scheduler:
         try:
             if job.sink is not None:
                 await job.sink.leased()
-            if self.on_submit is not None:
-                self.on_submit(job)
             result = await self.engine.run(job.endpoint, job.body, job.engine_id)
         except asyncio.CancelledError:
             self._leave(job)

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from app.config import Settings
 from app.core.progress import Progress
 from app.core.states import TERMINAL_BATCH_STATUSES, BatchApi, BatchStatus
-from app.db.models import Batch, BatchEstimate, ResultChunk, Shard
+from app.db.models import Batch, ResultChunk, Shard
 from app.endpoints import MESSAGES
 from app.errors import OpenAIError
 from app.ids import new_file_id, new_message_batch_id
@@ -234,7 +234,6 @@ def delete_ended(
     )
     session.execute(delete(ResultChunk).where(ResultChunk.shard_id.in_(shards)))
     session.execute(delete(Shard).where(Shard.batch_id == batch_id))
-    session.execute(delete(BatchEstimate).where(BatchEstimate.batch_id == batch_id))
     files = [batch.input_file_id, batch.output_file_id, batch.error_file_id]
     session.delete(batch)
     session.flush()

@@ -4,8 +4,8 @@ What stays: every Batch (OpenAI keeps the Batch object) and every File a batch o
 names (their ids are in it; a deleted or expired one stays hidden). What goes, each after its
 own age:
 
-- an ended batch's shards and the planner's estimates (the caller first removes any result
-  chunks left, objects first). Its counts, usage and throughput live on the batch row from
+- an ended batch's shards (the caller first removes any result chunks left, objects
+  first). Its counts, usage and throughput live on the batch row from
   its end on, so `/metrics`, the API and the dashboard's totals do not change; a worker's
   page lists fewer recent shards.
 - webhook deliveries delivered or failed (the endpoint's delivery list shows fewer);
@@ -29,7 +29,6 @@ from app.core.states import TERMINAL_BATCH_STATUSES, DeliveryStatus
 from app.db.clock import db_now
 from app.db.models import (
     Batch,
-    BatchEstimate,
     File,
     RegisteredWorker,
     Shard,
@@ -57,9 +56,8 @@ def _ended_long_ago(seconds: float) -> ColumnElement[bool]:
 
 
 def ended_batches_with_rows(session: Session, seconds: float, limit: int) -> list[str]:
-    """Batches that ended more than `seconds` ago and still have shards or estimates: those
-    of the first `limit` such shards (in batch order, so a batch counts its shards once),
-    then of as many estimates."""
+    """Batches that ended more than `seconds` ago and still have shards: those of the first
+    `limit` such shards (in batch order, so a batch counts its shards once)."""
     with_shards = (
         select(Shard.batch_id)
         .join(Batch, Batch.id == Shard.batch_id)
@@ -67,22 +65,12 @@ def ended_batches_with_rows(session: Session, seconds: float, limit: int) -> lis
         .order_by(Shard.batch_id, Shard.index)
         .limit(limit)
     )
-    with_estimates = (
-        select(BatchEstimate.batch_id)
-        .join(Batch, Batch.id == BatchEstimate.batch_id)
-        .where(_ended_long_ago(seconds))
-        .order_by(BatchEstimate.batch_id)
-        .limit(limit)
-    )
-    found = set(session.scalars(with_shards)) | set(session.scalars(with_estimates))
-    return sorted(found)
+    return sorted(set(session.scalars(with_shards)))
 
 
 def delete_batch_rows(session: Session, batch_ids: Sequence[str]) -> int:
-    """Removes the shards and estimates of ended batches (the caller removed their chunks)."""
-    shards = session.execute(delete(Shard).where(Shard.batch_id.in_(batch_ids)))
-    estimates = session.execute(delete(BatchEstimate).where(BatchEstimate.batch_id.in_(batch_ids)))
-    return _count(shards) + _count(estimates)
+    """Removes the shards of ended batches (the caller removed their chunks)."""
+    return _count(session.execute(delete(Shard).where(Shard.batch_id.in_(batch_ids))))
 
 
 def prune_deliveries(session: Session, seconds: float, limit: int) -> int:

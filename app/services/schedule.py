@@ -4,8 +4,7 @@ The claim itself (`worker/claim.py`) only reads what is kept here: each project'
 model (`project_shares.vtime`, work served / weight), each batch's clock inside its project
 (`batches.vtime`) and the planner's verdict `batches.urgent_deadline`. Checkpoints move the
 clocks (`record_work`); `admit` sets them when a batch starts; `replan` runs in the API's
-housekeeping and writes every open batch's estimated start and finish (and keeps a record of
-them in `batch_estimates`, for the benchmark to hold against the truth).
+housekeeping and writes every open batch's estimated start and finish.
 """
 
 import time
@@ -19,7 +18,7 @@ from sqlalchemy.orm import Session
 from app.core.schedule import Demand, Estimate, Order, plan, recorded_speed
 from app.core.states import TERMINAL_BATCH_STATUSES, BatchStatus
 from app.db import upsert
-from app.db.models import Batch, BatchEstimate, Project, ProjectShare, Shard
+from app.db.models import Batch, Project, ProjectShare, Shard
 from app.errors import not_found
 from app.schemas.admin import ProjectObject, ScheduledBatchObject
 from app.services.auth import find_project
@@ -27,8 +26,6 @@ from app.services.result_series import recent_results
 
 # A model's speed is the work its workers finished over this many seconds.
 SPEED_WINDOW_SECONDS = 60.0
-# An estimate is kept each time a batch has done another twentieth of its requests.
-RECORD_STEPS = 20
 # A batch's row is rewritten only when its estimate moved by more than this (or a flag did).
 ETA_TOLERANCE_SECONDS = 1.0
 
@@ -181,7 +178,7 @@ def _demands(rows: Sequence[Any]) -> list[Demand]:
 
 
 def replan(session: Session, order: Order, now: float | None = None) -> list[Estimate]:
-    """One planner pass over every model: at-risk flags, ETAs, and their record."""
+    """One planner pass over every model: at-risk flags and ETAs."""
     now = time.time() if now is None else now
     speeds = _speeds(session, now)
     by_model: dict[str, list[Any]] = defaultdict(list)
@@ -207,14 +204,6 @@ def _changed(row: Any, e: Estimate) -> bool:
 def _store(
     session: Session, estimates: Iterable[Estimate], rows: dict[str, Any], now: float
 ) -> None:
-    estimates = list(estimates)
-    last = dict(
-        session.execute(
-            select(BatchEstimate.batch_id, func.max(BatchEstimate.done))
-            .where(BatchEstimate.batch_id.in_([e.batch_id for e in estimates]))
-            .group_by(BatchEstimate.batch_id)
-        ).all()
-    )
     for e in sorted(estimates, key=lambda e: rows[e.batch_id].seq):
         row = rows[e.batch_id]
         if _changed(row, e):
@@ -227,20 +216,6 @@ def _store(
                     eta_made_at=now,
                     expected_miss=e.expected_miss,
                     urgent_deadline=row.expires_at if e.at_risk else None,
-                )
-            )
-        done = int(row.done or 0)
-        previous = last.get(e.batch_id)
-        if previous is None or done - previous >= max(row.total / RECORD_STEPS, 1):
-            session.add(
-                BatchEstimate(
-                    batch_id=e.batch_id,
-                    made_at=now,
-                    done=done,
-                    total=row.total,
-                    start_at=e.start_at,
-                    finish_at=e.finish_at,
-                    expected_miss=e.expected_miss,
                 )
             )
 

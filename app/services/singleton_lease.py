@@ -1,7 +1,7 @@
 """Work one process of the deployment does at a time (the planner's pass): a named row lease.
 
 Every API replica runs the same housekeeping, so a step that must not run twice at once (two
-planner passes would both record estimates and fight over `urgent_deadline`) first takes the
+planner passes would both write ETAs and fight over `urgent_deadline`) first takes the
 row of `singleton_leases` named after it, in the same transaction as the work it guards. The
 row's lock then serializes passes: on PostgreSQL a concurrent taker skips the locked row
 (`SKIP LOCKED`) rather than wait; on SQLite every write transaction is `BEGIN IMMEDIATE`, so

@@ -169,21 +169,3 @@ class ResultChunk(Base):
     created_at: Mapped[float] = mapped_column(Float, index=True)
     # Its work (`app.core.schedule.work_of`): the planner's measure of a model's speed.
     work: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
-
-
-class BatchEstimate(Base):
-    """The planner's estimate for a batch when it had `done` of `total` requests finished.
-
-    Kept so that an estimate can be held against the truth (bench/bench_scheduling.py).
-    """
-
-    __tablename__ = "batch_estimates"
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    batch_id: Mapped[str] = mapped_column(ForeignKey("batches.id"), index=True)
-    made_at: Mapped[float] = mapped_column(Float)
-    done: Mapped[int] = mapped_column(Integer)
-    total: Mapped[int] = mapped_column(Integer)
-    start_at: Mapped[float | None] = mapped_column(Float)
-    finish_at: Mapped[float | None] = mapped_column(Float)
-    expected_miss: Mapped[bool] = mapped_column(Boolean, default=False)
