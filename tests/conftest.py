@@ -2,7 +2,6 @@
 
 import os
 import secrets
-from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -130,19 +129,6 @@ def reference(smollm2: Path, models_data_dir: Path) -> Iterator[Callable[[], lis
 
 def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-
-# A test that starts vLLM costs about ten others: it weighs its file this much more.
-ENGINE_WEIGHT = 10
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The heaviest files first, so the suite's processes (`--dist loadfile`, which takes the
-    files in this order) end together: a file of engine tests started last would run alone."""
-    weights: Counter[str] = Counter()
-    for item in items:
-        weights[item.path.name] += ENGINE_WEIGHT if item.get_closest_marker("engine") else 1
-    items.sort(key=lambda item: -weights[item.path.name])
 
 
 @pytest.fixture
