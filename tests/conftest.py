@@ -132,6 +132,16 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 @pytest.fixture
+def keys(settings: Settings) -> dict[str, str]:
+    """A member key each for two projects, `alpha` and `beta`."""
+    from app.db.session import session_scope
+    from app.services.auth import create_key
+
+    with session_scope(settings) as session:
+        return {project: create_key(session, project)[1] for project in ("alpha", "beta")}
+
+
+@pytest.fixture
 def file_server() -> Iterator[str]:
     with serving_files() as url:
         yield url

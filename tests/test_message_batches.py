@@ -46,12 +46,6 @@ DAY = 24 * 3600
 
 
 @pytest.fixture
-def keys(settings: Settings) -> dict[str, str]:
-    with session_scope(settings) as session:
-        return {project: create_key(session, project)[1] for project in ("alpha", "beta")}
-
-
-@pytest.fixture
 def server(settings: Settings, keys: dict[str, str]) -> Iterator[RunningServer]:
     with running_server(fast(settings, admin_key=ADMIN_KEY)) as running:
         yield running

@@ -19,20 +19,12 @@ from anthropic.types import MessageParam
 from anthropic.types.message_create_params import MessageCreateParamsNonStreaming
 
 from app.config import Settings
-from app.db.session import session_scope
-from app.services.auth import create_key
 from app.services.jsonl import iter_lines
 from app.storage import storage_for
 from tests import batch_sim
 from tests.harness import RunningServer, running_server
 
 ADMIN_KEY = "sk-admin-partial-results"
-
-
-@pytest.fixture
-def keys(settings: Settings) -> dict[str, str]:
-    with session_scope(settings) as session:
-        return {project: create_key(session, project)[1] for project in ("alpha", "beta")}
 
 
 @pytest.fixture
