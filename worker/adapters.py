@@ -53,6 +53,11 @@ class AdapterRule:
         return model
 
 
+# What `InFlightAdapters.first_group` answers when no group may run now: not None, which is
+# the scheduler's key for requests without a prompt prefix.
+NO_GROUP = object()
+
+
 class InFlightAdapters:
     """The adapters (None: the base model) of the requests in the engine, counted."""
 
@@ -75,11 +80,11 @@ class InFlightAdapters:
         return isinstance(key, tuple) and self.admits(key[0])
 
     def first_group(self, keys: Iterable[Hashable], current: Hashable) -> Hashable:
-        """The first group that may run now (None if none may), one of the `current` group's
+        """The first group that may run now (NO_GROUP if none may), one of the `current` group's
         adapter first: a switch of adapters drains the engine or swaps vLLM's adapter slots."""
         adapter = current[0] if isinstance(current, tuple) else None
         admitted = (key for key in keys if self.admits_group(key))
-        first = next(admitted, None)
+        first = next(admitted, NO_GROUP)
         if not isinstance(first, tuple) or first[0] == adapter:
             return first
         same = (key for key in admitted if isinstance(key, tuple) and key[0] == adapter)

@@ -18,7 +18,7 @@ import orjson
 
 from app.endpoints import CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES
 from app.ids import new_request_id
-from worker.adapters import AdapterRule, InFlightAdapters
+from worker.adapters import NO_GROUP, AdapterRule, InFlightAdapters
 from worker.engine import Engine
 from worker.engine_results import EngineResult
 
@@ -123,10 +123,6 @@ def _messages_prefix(messages: object, chars: int) -> Hashable:
     return "\n".join(parts)[:chars]
 
 
-# No group may run now; not None, which is the key of the requests without a prefix.
-_NONE_ADMITTED = object()
-
-
 class Scheduler:
     """Feeds an engine from any number of sinks; one per worker process."""
 
@@ -206,7 +202,7 @@ class Scheduler:
                 # Others waited a whole pool's worth: the current prefix goes to the back.
                 self._groups.move_to_end(key)
             key = self._first_admitted()
-            if key is _NONE_ADMITTED:
+            if key is NO_GROUP:
                 return None
             self._burst = 0
         group = self._groups[key]
@@ -221,8 +217,7 @@ class Scheduler:
     def _first_admitted(self) -> Hashable:
         if self._adapters is None:
             return next(iter(self._groups))
-        key = self._adapters.first_group(self._groups, self._current)
-        return _NONE_ADMITTED if key is None else key
+        return self._adapters.first_group(self._groups, self._current)
 
     def _enter(self, job: Job) -> None:
         self._in_flight[job] = None
