@@ -155,19 +155,32 @@ def test_rerun_after_a_crash_resumes(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert not work.exists()
 
 
-def test_bad_input_is_reported_by_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_input_is_reported_by_line_and_the_fixed_file_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     source = tmp_path / "bad.jsonl"
     good = chat_line("a")
     source.write_bytes(jsonl([good, b"{not json", b'{"method": "POST"}', good]))
     out = tmp_path / "out.jsonl"
     work = tmp_path / "w"
-    code = main(["run-batch", "-i", str(source), "-o", str(out), "--work-dir", str(work)])
-    assert code == 1
+    args = ["run-batch", "-i", str(source), "-o", str(out), "--work-dir", str(work)]
+    assert main(args) == 1
     err = capsys.readouterr().err
     assert "line 2:" in err and "line 3:" in err  # unparseable, and no custom_id
     assert "line 4:" not in err  # a duplicate custom_id is vLLM's business: it runs both
     assert "Traceback" not in err and not out.exists()
     assert (work / state.STATE_FILE).exists()  # kept after a failure
+
+    # The user mends the file and runs the same command: the new file runs, not the old
+    # failed batch again (nor, with another --model, a batch no engine would serve).
+    source.write_bytes(jsonl([good, chat_line("b")]))
+    engine = FakeEngine()
+    monkeypatch.setattr(runner, "run_engine", fake_worker(engine))
+    assert main([*args, "--keep-work-dir"]) == 0
+    assert "starting over" in capsys.readouterr().err
+    assert sorted(o["custom_id"] for o in lines_of(out.read_bytes())) == ["a", "b"]
+    assert main([*args, "--model", MODEL]) == 0
+    assert "starting over" in capsys.readouterr().err and len(engine.bodies()) == 4
 
 
 def test_unreadable_input_and_a_reused_work_dir(

@@ -21,7 +21,7 @@ from app.offline.delivery import deliver, write_results
 from app.offline.errors import OfflineError
 from app.offline.progress import batch_row, follow
 from app.offline.source import INPUT_FILE_ID, is_url, store_input
-from app.offline.state import State, load_state, save_state
+from app.offline.state import State, input_version, is_same_run, load_state, save_state
 from app.offline.takeover import take_over
 from app.schemas.batches import BatchObject, CreateBatchRequest
 from app.services import batches
@@ -116,7 +116,8 @@ def _share_converted_models(work_dir: Path) -> None:
 
 
 def _start_clean(work_dir: Path) -> Storage:
-    """No state: nothing was created, or a run died before recording it."""
+    """No state, or another run's: nothing was created, or a run died before recording it."""
+    _release(work_dir)
     for leftover in work_dir.glob("overnight.db*"):
         leftover.unlink()
     storage = storage_for(str(work_dir / "storage"))
@@ -135,10 +136,17 @@ def start(
     """
     storage = storage_for(str(work_dir / "storage"))
     state = load_state(work_dir, source)
-    if state is not None:
+    if state is not None and is_same_run(state, source, model):
         first = first_line(storage, file_storage_key(state.file_id))
         assert first is not None, "a recorded run has requests"
         return offline_settings(work_dir, served_model(model, first, engine_argv)), state
+    if state is not None:
+        print(
+            f"overnight: {source} or --model changed since the run kept in {work_dir}: "
+            "starting over",
+            file=sys.stderr,
+        )
+    version = input_version(source)  # before reading: an edit while it is read is seen
     storage = _start_clean(work_dir)
     key, stored = store_input(storage, source)
     first = first_line(storage, key)
@@ -169,7 +177,13 @@ def start(
             batch = batches.create_batch(session, settings, project_id, params)
         except OpenAIError as exc:
             raise OfflineError(exc.message) from None
-    state = State(input=source, file_id=INPUT_FILE_ID, batch_id=batch.id)
+    state = State(
+        input=source,
+        file_id=INPUT_FILE_ID,
+        batch_id=batch.id,
+        input_version=version,
+        model=model,
+    )
     save_state(work_dir, state)
     return settings, state
 
@@ -231,7 +245,7 @@ def _run_file(args: argparse.Namespace, engine_argv: list[str], work_dir: Path) 
         if args.error_file:
             deliver([], args.error_file)
         if not args.keep_work_dir:
-            _remove_work_dir(work_dir, None)
+            _remove_work_dir(work_dir)
         return f"the input has no requests -> empty {args.output_file}"
     settings, state = begun
     if is_bundled(settings.models[0].source):
@@ -253,16 +267,21 @@ def _run_file(args: argparse.Namespace, engine_argv: list[str], work_dir: Path) 
     if batch.status != BatchStatus.COMPLETED:
         raise OfflineError(summary)
     if not args.keep_work_dir:
-        _remove_work_dir(work_dir, settings)
+        _remove_work_dir(work_dir)
     return summary
 
 
-def _remove_work_dir(work_dir: Path, settings: Settings | None) -> None:
-    """After success: nothing is left to resume. Cached handles on it go first."""
-    if settings is not None:
-        engine_for(settings.sqlalchemy_url).dispose()
-    storage_for.cache_clear()
+def _remove_work_dir(work_dir: Path) -> None:
+    """After success: nothing is left to resume."""
+    _release(work_dir)
     shutil.rmtree(work_dir, ignore_errors=True)
+
+
+def _release(work_dir: Path) -> None:
+    """Cached handles on the work directory's database and store go before their files."""
+    url = Settings(_env_file=None, data_dir=work_dir, database_url=None).sqlalchemy_url  # type: ignore[call-arg]
+    engine_for(url).dispose()
+    storage_for.cache_clear()
 
 
 class Interrupted(Exception):
