@@ -6,6 +6,7 @@ after a crash runs the real worker loop with the scripted engine, in process.
 
 import asyncio
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -153,6 +154,30 @@ def test_rerun_after_a_crash_resumes(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert main(args) == 0
     assert again.read_bytes() == out.read_bytes()
     assert not work.exists()
+
+
+def test_overnight_log_level_shows_the_worker_s_lines(tmp_path: Path) -> None:
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(jsonl([chat_line("a")]))
+    args = ["run-batch", "-i", str(source), "-o", str(tmp_path / "out.jsonl")]
+    args += ["--work-dir", str(tmp_path / "work")]
+    script = CRASHING_RUN.replace("delay=0.2, max_num_seqs=1", "")
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("OVERNIGHT_LOG_")}
+    quiet, told = (
+        subprocess.run(
+            [sys.executable, "-c", script, *args],
+            cwd=REPO,
+            env={**environ, **level},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        for level in ({}, {"OVERNIGHT_LOG_LEVEL": "info", "OVERNIGHT_LOG_FORMAT": "text"})
+    )
+    assert quiet.returncode == told.returncode == 0, quiet.stderr + told.stderr
+    assert "claimed shard" not in quiet.stderr
+    assert re.search(r"claimed shard 0 of batch_\w+", told.stderr), told.stderr
+    assert re.search(r"shard 0 of batch_\w+: done", told.stderr), told.stderr
 
 
 def test_bad_input_is_reported_by_line_and_the_fixed_file_runs(

@@ -4,6 +4,7 @@ import argparse
 import asyncio
 import gc
 import hashlib
+import os
 import shutil
 import sys
 import time
@@ -17,6 +18,7 @@ from app.core.states import TERMINAL_BATCH_STATUSES, BatchStatus
 from app.db.session import engine_for, session_scope, upgrade
 from app.endpoints import CHAT, SUPPORTED
 from app.errors import OpenAIError
+from app.logging import configure_logging
 from app.offline.delivery import deliver, write_results
 from app.offline.errors import OfflineError
 from app.offline.progress import batch_row, follow
@@ -288,8 +290,16 @@ class Interrupted(Exception):
     """The run stopped before the batch ended (a signal): rerun to resume."""
 
 
+def _configure_logging() -> None:
+    """overnight's own log lines only when OVERNIGHT_LOG_LEVEL asks for them: by default the
+    progress bar is the report, beside vLLM's lines, as with vLLM's runner."""
+    if level := os.environ.get("OVERNIGHT_LOG_LEVEL"):
+        configure_logging(level, os.environ.get("OVERNIGHT_LOG_FORMAT", "auto"))
+
+
 def main(args: argparse.Namespace, engine_argv: list[str]) -> int:
     """`overnight run-batch`; returns the exit code."""
+    _configure_logging()
     reserve_cpu_kv_cache()
     work_dir = Path(args.work_dir) if args.work_dir else default_work_dir(args.input_file)
     work_dir.mkdir(parents=True, exist_ok=True)
