@@ -4,8 +4,6 @@ recover, and check the invariants. The cases are split over several files only s
 the suite's processes share them out."""
 
 import asyncio
-import subprocess
-import sys
 
 import pytest
 
@@ -22,7 +20,7 @@ from tests.fault_pipeline import (
     fault_settings,
 )
 from tests.fault_points import FAULT_EXIT, POINTS, Action, FaultPoint, Injector, Path
-from tests.harness import REPO
+from tests.fault_victim import run_victim
 
 RECOVERY_SECONDS = 120.0
 BATCH_POINTS = [p for p in POINTS if p.site.path is Path.BATCH]
@@ -61,20 +59,9 @@ def assert_invariants_hold_after_a_fault(
 
 def stop_at(deployment: Deployment, point: FaultPoint, batch_id: str | None) -> int:
     """Runs the point's path in a process of its own, armed to stop there; its exit status."""
-    settings = deployment.settings
-    command = [
-        sys.executable,
-        "-m",
-        "tests.fault_victim",
-        f"--data-dir={settings.data_dir}",
-        f"--database-url={settings.database_url}",
-        f"--point={point.name}",
-    ]
-    if batch_id is not None:
-        command.append(f"--batch-id={batch_id}")
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=180)
-    assert done.returncode in (0, FAULT_EXIT), done.stderr[-4000:]
-    return done.returncode
+    status, output = run_victim(deployment, point, batch_id)
+    assert status in (0, FAULT_EXIT), f"the victim ended with {status}:\n{output[-4000:]}"
+    return status
 
 
 def resume(deployment: Deployment, batch_id: str) -> None:
