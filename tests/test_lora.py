@@ -10,6 +10,7 @@ requests are answered with an adapter's weights, which the worker's scheduling p
 """
 
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +33,9 @@ from tests.harness import running_server
 from tests.test_served_names import accepted, announce, refusal
 
 ZERO, NOISY = "zero-adapter", "noisy-adapter"
-# Adapters of `--lora-dir`: a copy of NOISY, and one whose weights are not a tensor file.
-COPY, BROKEN = "noisy-copy", "broken-adapter"
+# Adapters of `--lora-dir`: a copy of NOISY, and one whose weights are not a tensor file; and
+# another copy of NOISY, put in the folder while the worker runs.
+COPY, BROKEN, LATE = "noisy-copy", "broken-adapter", "late-adapter"
 
 
 def adapter(name: str, root: str = "/adapters/x") -> dict[str, str]:
@@ -135,6 +137,14 @@ def build_adapter(base: Path, target: Path, zero_b: bool, seed: int = 0) -> Path
     return target
 
 
+def served_soon(client: openai.OpenAI, present: str, absent: str, timeout: float = 30.0) -> None:
+    """Wait until `GET /v1/models` lists `present` and not `absent`."""
+    deadline = time.monotonic() + timeout
+    while {present, absent} & (ids := {m.id for m in client.models.list()}) != {present}:
+        assert time.monotonic() < deadline, ids
+        time.sleep(0.5)
+
+
 def lora_folder(noisy: Path, folder: Path) -> Path:
     shutil.copytree(noisy, folder / COPY)
     broken = shutil.copytree(noisy, folder / BROKEN)
@@ -189,3 +199,14 @@ def test_base_and_adapter_lines_in_one_batch(smollm2: Path, tmp_path: Path, back
         unknown = [*lines_for(NOISY, "n"), chat_line("not-served", "hi", "no-such-adapter")]
         failed = wait_status(client, start_batch(client, jsonl(unknown)), "failed")
         assert [(e.code, e.line) for e in errors_of(failed)] == [("mismatched_model", 4)]
+
+        # The folder changes while the worker runs: an adapter put in (whole, by a rename) is
+        # served, one taken out (COPY, loaded above) is not, within a heartbeat, no restart.
+        shutil.copytree(noisy_dir, tmp_path / LATE)
+        (tmp_path / LATE).rename(folder / LATE)
+        shutil.rmtree(folder / COPY)
+        served_soon(client, LATE, COPY)
+        late = answers(finished(client, [chat_line("late", PROMPTS[0], LATE, **GREEDY)]))
+        assert late["late"] == (LATE, noisy["noisy-0"][1])
+        code, message = refusal(client, start_batch(client, jsonl([chat_line("c", "hi", COPY)])))
+        assert code == "model_not_found" and f"'{COPY}'" in message

@@ -1,9 +1,11 @@
 """Which lines share the engine when they name LoRA adapters, with a scripted engine; and the
-adapters a `--lora-dir` folder serves. The real engine's answers are in tests/test_lora.py."""
+adapters a `--lora-dir` folder serves, as it changes. The real engine's answers are in
+tests/test_lora.py."""
 
 import asyncio
 import itertools
 import json
+import shutil
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -128,7 +130,7 @@ def test_an_adapter_loads_once_and_a_failed_load_is_remembered(tmp_path: Path) -
         return None if path == good else "no adapter_model.safetensors"
 
     async def scenario() -> list[str | None]:
-        folder = AdapterFolder(folder_adapters(tmp_path, [MODEL]), load)
+        folder = AdapterFolder(tmp_path, [MODEL], load, unload_nothing)
         names = ["good", "bad", "good", "bad", MODEL, "unknown", None]
         return list(await asyncio.gather(*(folder.problem(n) for n in names)))
 
@@ -136,3 +138,41 @@ def test_an_adapter_loads_once_and_a_failed_load_is_remembered(tmp_path: Path) -
     assert sorted(loads) == ["bad", "good"]
     bad = f"The LoRA adapter 'bad' cannot be loaded from {tmp_path / 'bad'}: no adapter_model"
     assert problems == [None, f"{bad}.safetensors", None, f"{bad}.safetensors", None, None, None]
+
+
+async def unload_nothing(name: str) -> None:
+    raise AssertionError(f"{name} unloaded")
+
+
+def test_a_rescan_follows_folders_added_and_removed(tmp_path: Path) -> None:
+    adapter_folder(tmp_path, "first", MODEL).joinpath("adapter_model.safetensors").touch()
+    calls: list[str] = []
+
+    async def load(name: str, path: Path) -> str | None:
+        calls.append(f"load {name}")
+        return None if (path / "adapter_model.safetensors").exists() else "no weights"
+
+    async def unload(name: str) -> None:
+        calls.append(f"unload {name}")
+
+    async def scenario() -> None:
+        folder = AdapterFolder(tmp_path, [MODEL], load, unload)
+        assert list(folder.adapters) == ["first"] and not await folder.rescan()
+        late = adapter_folder(tmp_path, "late", MODEL)
+        adapter_folder(tmp_path, "other-base", "meta-llama/Llama-3.2-1B")
+        assert await folder.rescan() and sorted(folder.adapters) == ["first", "late"]
+        assert await folder.problem("first") is None
+        assert "no weights" in str(await folder.problem("late"))
+        shutil.rmtree(tmp_path / "first")
+        shutil.rmtree(late)
+        assert await folder.rescan() and list(folder.adapters) == []
+        assert await folder.problem("first") is None and not await folder.rescan()
+        # Put back (now whole), a removed adapter is loaded anew: its failure is forgotten.
+        adapter_folder(tmp_path, "late", MODEL).joinpath("adapter_model.safetensors").touch()
+        assert await folder.rescan() and await folder.problem("late") is None
+        # An unreadable folder keeps what it served.
+        shutil.rmtree(tmp_path)
+        assert not await folder.rescan() and list(folder.adapters) == ["late"]
+
+    asyncio.run(scenario())
+    assert calls == ["load first", "load late", "unload first", "load late"]

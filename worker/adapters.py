@@ -13,8 +13,9 @@ Steps of base requests only answer right, and the GPU kernels skip index -1: els
 and adapter requests mix freely.
 
 `--lora-dir DIR`: each sub-folder of DIR holding a PEFT LoRA (`adapter_config.json`) for the
-worker's base model is served under the folder's name, announced at start and loaded into the
-engine when a line first names it.
+worker's base model is served under the folder's name, announced and loaded into the engine
+when a line first names it. The worker rescans DIR at each heartbeat: a folder added later is
+served from then on, and one removed is no longer served (unloaded if it was loaded).
 """
 
 import asyncio
@@ -34,6 +35,8 @@ ADAPTER_LOAD_FAILED = "adapter_load_failed"
 
 # Loads an adapter (name, folder) into the engine: None once loaded, else why not.
 LoadAdapter = Callable[[str, Path], Awaitable[str | None]]
+# Unloads an adapter (by name) from the engine.
+UnloadAdapter = Callable[[str], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -139,16 +142,56 @@ def _adapter_config(folder: Path) -> dict[str, Any] | None:
 class AdapterFolder:
     """`--lora-dir`'s adapters, each loaded into the engine when a line first names it.
 
-    A failed load is remembered for the worker's life: every line naming that adapter gets
+    A failed load is remembered while the folder stays: every line naming that adapter gets
     the same error at once instead of retrying a load that costs seconds.
     """
 
-    def __init__(self, adapters: list[FolderAdapter], load: LoadAdapter) -> None:
-        self.adapters = {adapter.name: adapter for adapter in adapters}
-        self._load = load
+    def __init__(
+        self, root: Path, base_names: list[str], load: LoadAdapter, unload: UnloadAdapter
+    ) -> None:
+        self.root, self.base_names = root, base_names
+        self.adapters = {adapter.name: adapter for adapter in folder_adapters(root, base_names)}
+        self._load, self._unload = load, unload
         self._loaded: set[str] = set()
         self._failed: dict[str, str] = {}
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._unreadable: str | None = None
+
+    async def rescan(self) -> bool:
+        """Serve the adapters the folder holds now: whether they changed.
+
+        A removed adapter is unloaded (lines naming it get the engine's unknown-model error),
+        and forgotten: put back, it is loaded anew. An unreadable folder changes nothing.
+        """
+        try:
+            found = await asyncio.to_thread(folder_adapters, self.root, self.base_names)
+        except (OSError, ValueError) as exc:
+            if str(exc) != self._unreadable:
+                log.warning("--lora-dir %s cannot be read, its adapters kept: %s", self.root, exc)
+            self._unreadable = str(exc)
+            return False
+        self._unreadable = None
+        now = {adapter.name: adapter for adapter in found}
+        if now == self.adapters:
+            return False
+        gone = self.adapters.keys() - now.keys()
+        log.info(
+            "--lora-dir %s: adapters added %s, removed %s",
+            self.root,
+            sorted(now.keys() - self.adapters.keys()),
+            sorted(gone),
+        )
+        self.adapters = now
+        for name in gone:
+            await self._forget(name)
+        return True
+
+    async def _forget(self, name: str) -> None:
+        async with self._locks[name]:
+            self._failed.pop(name, None)
+            if name in self._loaded:
+                self._loaded.discard(name)
+                await self._unload(name)
 
     async def problem(self, model: object) -> str | None:
         """Why a line naming `model` cannot run; None once its adapter is loaded (or it names

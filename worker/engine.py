@@ -99,10 +99,22 @@ class VllmEngine:
         self._routes = routes_of(state, args)
         self.adapter_rule = adapter_rule(engine_client, served_names)
         self.adapter_folder = adapter_folder(state, args, served_names)
-        # What the worker's row announces: the API serves these names for these endpoints.
-        adapters = announced_adapters(state, served_names[0], self.adapter_folder)
-        served = Announcement(names=served_names, endpoints=self.endpoints, adapters=adapters)
+        self._state = state
+        self._announce()
+
+    def _announce(self) -> None:
+        """What the worker's row announces: the API serves these names for these endpoints."""
+        names = self.served_names
+        adapters = announced_adapters(self._state, names[0], self.adapter_folder)
+        served = Announcement(names=names, endpoints=self.endpoints, adapters=adapters)
         self.configuration[ANNOUNCEMENT_KEY] = served.model_dump()
+
+    async def rescan_adapters(self) -> bool:
+        """Follow `--lora-dir`'s folders: whether the announcement changed."""
+        if self.adapter_folder is None or not await self.adapter_folder.rescan():
+            return False
+        self._announce()
+        return True
 
     @property
     def endpoints(self) -> list[str]:

@@ -9,14 +9,15 @@ from pathlib import Path
 from typing import Any
 
 from app.schemas.models import AnnouncedAdapter
-from worker.adapters import AdapterFolder, AdapterRule, folder_adapters
+from worker.adapters import AdapterFolder, AdapterRule
 
 
 def announced_adapters(
     state: Any, base: str, folder: AdapterFolder | None
 ) -> list[AnnouncedAdapter]:
-    """The LoRA adapters vLLM loaded at start (`--lora-modules`), as its `/v1/models` lists them,
-    then those of `--lora-dir` (loaded on first use)."""
+    """The LoRA adapters vLLM has loaded (`--lora-modules`, and those of `--lora-dir` a line
+    named), as its `/v1/models` lists them, then the rest of `--lora-dir`'s (loaded on first
+    use)."""
     models = getattr(state, "openai_serving_models", None)
     loaded = models.lora_requests.values() if models is not None else []
     adapters = {
@@ -44,12 +45,16 @@ def adapter_rule(client: Any, served_names: list[str]) -> AdapterRule | None:
 
 
 def adapter_folder(state: Any, args: Namespace, served_names: list[str]) -> AdapterFolder | None:
-    """`--lora-dir`'s adapters, loaded through vLLM's own `/v1/load_lora_adapter` path."""
+    """`--lora-dir`'s adapters, loaded and unloaded through vLLM's own
+    `/v1/load_lora_adapter` and `/v1/unload_lora_adapter` paths."""
     root = getattr(args, "lora_dir", None)
     models = getattr(state, "openai_serving_models", None)
     if not root or models is None:
         return None
-    from vllm.entrypoints.serve.lora.protocol import LoadLoRAAdapterRequest
+    from vllm.entrypoints.serve.lora.protocol import (
+        LoadLoRAAdapterRequest,
+        UnloadLoRAAdapterRequest,
+    )
 
     async def load(name: str, path: Path) -> str | None:
         request = LoadLoRAAdapterRequest(lora_name=name, lora_path=str(path))
@@ -58,4 +63,7 @@ def adapter_folder(state: Any, args: Namespace, served_names: list[str]) -> Adap
             return None
         return str(result.error.message)
 
-    return AdapterFolder(folder_adapters(Path(root), [*served_names, str(args.model)]), load)
+    async def unload(name: str) -> None:
+        await models.unload_lora_adapter(UnloadLoRAAdapterRequest(lora_name=name))
+
+    return AdapterFolder(Path(root), [*served_names, str(args.model)], load, unload)

@@ -272,9 +272,14 @@ class Worker:
         interval = min(self.settings.lease_seconds / 3, 5.0)
         last_tokens, last_time = 0, time.monotonic()
         retries = backoff(cap=interval)
+        # `--lora-dir`'s folders are rescanned at each beat; a changed announcement is written
+        # with the beat (kept until a beat succeeds).
+        rescan = getattr(self.engine, "rescan_adapters", None)
+        announce = False
         while True:
             waiting = self.health.state is HealthState.WAITING_FOR_DATABASE
             await asyncio.sleep(next(retries) if waiting else interval)
+            announce = (rescan is not None and await rescan()) or announce
             now = time.monotonic()
             tokens = self.scheduler.output_tokens
             rate = (tokens - last_tokens) / max(now - last_time, 1e-6)
@@ -287,10 +292,12 @@ class Worker:
                     current.lease.shard_id if current else None,
                     rate,
                     self.engine.stats(),
+                    self.engine.configuration if announce else None,
                 )
             except Exception as exc:
                 self._database_failed(exc, "the worker's heartbeat")
                 continue
+            announce = False
             retries = backoff(cap=interval)
             if self.health.state is HealthState.WAITING_FOR_DATABASE:
                 self.health.set(HealthState.READY, "the database answers again")

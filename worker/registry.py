@@ -74,10 +74,19 @@ def heartbeat(
     current_shard_id: int | None,
     tokens_per_second: float,
     engine: EngineStats | None = None,
+    configuration: dict[str, Any] | None = None,
 ) -> None:
+    """Renew the row; `configuration`: the engine's, when its announcement changed."""
     engine = engine or EngineStats()
+    changed = {} if configuration is None else {"engine_configuration": configuration}
     _update(
-        session, worker_id, current_shard_id, tokens_per_second, engine, heartbeat_at=time.time()
+        session,
+        worker_id,
+        current_shard_id,
+        tokens_per_second,
+        engine,
+        heartbeat_at=time.time(),
+        **changed,
     )
 
 
@@ -91,7 +100,7 @@ def _update(
     current_shard_id: int | None,
     tokens_per_second: float,
     engine: EngineStats,
-    **stamp: float,
+    **stamp: object,
 ) -> None:
     session.execute(
         update(RegisteredWorker)
