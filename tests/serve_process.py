@@ -22,6 +22,8 @@ from tests.harness import free_port
 REPO = Path(__file__).resolve().parent.parent
 BUNDLED_MODELS = {"SmolLM2-135M-Instruct", "all-MiniLM-L6-v2"}
 START_TIMEOUT = 900
+# How often the tests look again: the banner is a file read, the workers a loopback request.
+POLL_SECONDS = 0.2
 
 
 @dataclass
@@ -51,7 +53,7 @@ def wait_until(
             f"overnight serve exited with {code}:\n{served.log.read_text()[-5000:]}"
         )
         assert time.monotonic() < deadline, f"{what}:\n{served.log.read_text()[-5000:]}"
-        time.sleep(1)
+        time.sleep(POLL_SECONDS)
 
 
 def user_environment(**settings: str) -> dict[str, str]:

@@ -99,6 +99,21 @@ def _descendants(pid: int) -> list[psutil.Process]:
         return []
 
 
+def _outliving(processes: list[psutil.Process], seconds: float) -> list[int]:
+    """The pids of `processes` still running `seconds` from now; as soon as none is, none."""
+    deadline = time.monotonic() + seconds
+    while (alive := [p.pid for p in processes if _running(p)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return alive
+
+
+def _running(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def _pinned_cores(pid: int) -> set[int]:
     """The cores that threads of `pid`'s engine processes are pinned to one by one: where vLLM
     bound its compute threads."""
@@ -132,10 +147,7 @@ def test_a_killed_worker_is_replaced_then_ctrl_c_stops_all(served: Served) -> No
     engine = _descendants(old_pid)
     assert engine, "the worker runs vLLM's engine core in child processes"
     os.kill(old_pid, signal.SIGKILL)
-    deadline = time.monotonic() + 60
-    while any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in engine):
-        assert time.monotonic() < deadline, "the dead worker's engine processes survived"
-        time.sleep(0.5)
+    assert _outliving(engine, 60) == [], "the dead worker's engine processes survived"
     wait_until(
         "a new chat worker",
         served,
@@ -144,10 +156,7 @@ def test_a_killed_worker_is_replaced_then_ctrl_c_stops_all(served: Served) -> No
             != old_pid
         ),
     )
-    everything = [served.process.pid, *(p.pid for p in _descendants(served.process.pid))]
+    everything = _descendants(served.process.pid)
     served.process.send_signal(signal.SIGINT)
     assert served.process.wait(90) == 0
-    time.sleep(1)
-    survivors = [pid for pid in everything[1:] if psutil.pid_exists(pid)]
-    survivors = [pid for pid in survivors if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
-    assert survivors == [], "processes outlived `overnight serve`"
+    assert _outliving(everything, 1) == [], "processes outlived `overnight serve`"
