@@ -60,6 +60,18 @@ def test_the_model_may_come_first_as_in_vllm_serve(tmp_path: Path) -> None:
         parse(["org/a", "--model", "org/b"], settings)
 
 
+def test_online_requests_and_lora_adapters_are_refused_together_on_cpu(tmp_path: Path) -> None:
+    # This machine computes on its CPU, where vLLM 0.32's LoRA kernels mix base and adapter
+    # requests of one step up: online requests would not be held apart.
+    settings = _settings(tmp_path)
+    _fake_converted(tmp_path)
+    for lora in (["--enable-lora"], ["--lora-dir", str(tmp_path)]):
+        with pytest.raises(SystemExit, match="online-port with LoRA adapters is refused on CPU"):
+            parse(["--online-port", "8001", *lora], settings)
+        assert parse(lora, settings)[0].online_port is None
+    assert parse(["--online-port", "8001"], settings)[0].online_port == 8001
+
+
 def test_log_stats_are_off_unless_asked(tmp_path: Path) -> None:
     _fake_converted(tmp_path)
     assert parse([], _settings(tmp_path))[0].disable_log_stats is True

@@ -211,6 +211,8 @@ def parse(argv: Sequence[str] | None, settings: Settings) -> tuple[argparse.Name
     from app.logging import is_text
 
     args = vllm_parser(progress_bars=is_text(settings.log_format)).parse_args(rest)
+    if ours.online_port is not None and _lora_on(args, ours) and _on_cpu():
+        raise SystemExit(ONLINE_LORA_ON_CPU)
     if ours.online_port is not None and not _given(rest, "--scheduling-policy"):
         # Online requests first: vLLM's scheduler admits lower priority values first.
         args.scheduling_policy = "priority"
@@ -222,6 +224,20 @@ def parse(argv: Sequence[str] | None, settings: Settings) -> tuple[argparse.Name
     # Per-step statistics cost throughput and are off in vLLM's offline runner too.
     args.disable_log_stats = args.disable_log_stats or not ours.enable_log_stats
     return prepare_args(args, settings, dtype_given=_given(rest, "--dtype")), settings
+
+
+# Batch lines are held apart by adapter (worker.adapters); online requests go straight to
+# vLLM's app, so nothing would keep a base request out of an adapter's step.
+ONLINE_LORA_ON_CPU = (
+    "overnight worker: --online-port with LoRA adapters is refused on CPU: vLLM 0.32's CPU "
+    "LoRA kernels answer a base-model request with an adapter's weights when both run in one "
+    "engine step, and online requests are not held apart as batch lines are. Serve online "
+    "from a worker without LoRA, or this worker's adapters in batches only."
+)
+
+
+def _lora_on(args: argparse.Namespace, ours: argparse.Namespace) -> bool:
+    return bool(args.enable_lora or args.lora_modules or ours.lora_dir)
 
 
 def _given(argv: Sequence[str], flag: str) -> bool:
