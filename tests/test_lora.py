@@ -1,12 +1,13 @@
 """LoRA adapters per line: a worker started with `--enable-lora --lora-modules name=path` (or
-`--lora-dir DIR`) lists its adapters in `/v1/models` with their base, and a batch's lines may
-name the base model or any of its adapters.
+`--lora-dir DIR`, or `--lora-repo ORG/NAME`) lists its adapters in `/v1/models` with their
+base, and a batch's lines may name the base model or any of its adapters.
 
 The fast tests write a worker's row as its registry does (no engine); the engine test builds
-tiny adapters for the bundled SmolLM2 with `peft` (no hub) and runs base and adapter lines in
-one batch: on vLLM 0.32's CPU backend, base requests that share an engine step with adapter
-requests are answered with an adapter's weights, which the worker's scheduling prevents
-(`worker.adapters`). Content is not judged, only equality with the same lines run alone.
+tiny adapters for the bundled SmolLM2 with `peft` (`--lora-repo`'s repo is served from them
+by `tests/hub_mirror.py` on loopback) and runs base and adapter lines in one batch: on vLLM
+0.32's CPU backend, base requests that share an engine step with adapter requests are
+answered with an adapter's weights, which the worker's scheduling prevents (`worker.adapters`).
+Content is not judged, only equality with the same lines run alone.
 """
 
 import shutil
@@ -30,12 +31,16 @@ from tests.engine_fixtures import (
     wait_status,
 )
 from tests.harness import running_server
+from tests.hub_mirror import hub_mirror
 from tests.test_served_names import accepted, announce, refusal
 
 ZERO, NOISY = "zero-adapter", "noisy-adapter"
 # Adapters of `--lora-dir`: a copy of NOISY, and one whose weights are not a tensor file; and
 # another copy of NOISY, put in the folder while the worker runs.
 COPY, BROKEN, LATE = "noisy-copy", "broken-adapter", "late-adapter"
+# `--lora-repo`: a hub repo (on a loopback mirror) holding NOISY at its root, ZERO in a folder.
+REPO = "acme/smol-loras"
+REPO_ZERO = f"{REPO}/zero"
 
 
 def adapter(name: str, root: str = "/adapters/x") -> dict[str, str]:
@@ -152,24 +157,39 @@ def lora_folder(noisy: Path, folder: Path) -> Path:
     return folder
 
 
+def hub_repo(noisy: Path, zero: Path, repo: Path) -> Path:
+    shutil.copytree(noisy, repo)
+    shutil.copytree(zero, repo / "zero")
+    return repo
+
+
 @pytest.mark.backends("sqlite")
 def test_base_and_adapter_lines_in_one_batch(smollm2: Path, tmp_path: Path, backend: str) -> None:
     zero_dir = build_adapter(smollm2, tmp_path / "zero", zero_b=True)
     noisy_dir = build_adapter(smollm2, tmp_path / "noisy", zero_b=False)
     folder = lora_folder(noisy_dir, tmp_path / "lora-dir")
     modules = ["--lora-modules", f"{ZERO}={zero_dir}", f"{NOISY}={noisy_dir}"]
-    # Three adapters over two slots, and the base: the scheduling keeps them apart.
+    # Five adapters over two slots, and the base: the scheduling keeps them apart.
     lora = ["--enable-lora", "--max-loras", "2", "--max-lora-rank", "8", *modules]
-    with deployment(backend, tmp_path / "deployment") as running:
+    lora += ["--lora-dir", str(folder), "--lora-repo", REPO]
+    repo = hub_repo(noisy_dir, zero_dir, tmp_path / "hub-repo")
+    # The hub as on a fresh machine: no offline switch, an empty cache.
+    hub = {"HF_HUB_OFFLINE": None, "HF_HOME": str(tmp_path / "hf")}
+    with (
+        hub_mirror({REPO: repo}) as mirror,
+        deployment(backend, tmp_path / "deployment") as running,
+    ):
         worker = running.start_worker(
-            "smol", [*smollm2_args(smollm2), *lora, "--lora-dir", str(folder)]
+            "smol", [*smollm2_args(smollm2), *lora], {**hub, "HF_ENDPOINT": mirror.url}
         )
         worker.wait_ready()
         client = running.client()
         listed = {m.id: m.model_extra or {} for m in client.models.list()}
-        assert {ZERO, NOISY, COPY, BROKEN} <= set(listed)
-        assert listed[ZERO]["parent"] == listed[COPY]["parent"] == MODEL
+        assert {ZERO, NOISY, COPY, BROKEN, REPO, REPO_ZERO} <= set(listed)
+        assert listed[ZERO]["parent"] == listed[COPY]["parent"] == listed[REPO]["parent"] == MODEL
         assert listed[COPY]["root"] == str(folder / COPY)
+        assert listed[REPO_ZERO]["root"] == f"{mirror.url}/{REPO}/tree/main/zero"
+        assert not mirror.served(".safetensors"), "listed at start, downloaded on first use"
 
         base = answers(finished(client, lines_for(MODEL, "base")))
         noisy = answers(finished(client, lines_for(NOISY, "noisy")))
@@ -178,9 +198,15 @@ def test_base_and_adapter_lines_in_one_batch(smollm2: Path, tmp_path: Path, back
         # One batch, the models interleaved line by line, as an input file may have them.
         groups = [lines_for(m, m) for m in (MODEL, ZERO, NOISY, COPY)]
         mixed = [line for lines in zip(*groups, strict=True) for line in lines]
-        responses = finished(client, [*mixed, chat_line("broken", "hi", BROKEN, **GREEDY)])
+        hubbed = chat_line("hub", PROMPTS[0], REPO, **GREEDY)
+        responses = finished(client, [*mixed, hubbed, chat_line("broken", "hi", BROKEN, **GREEDY)])
         broken = responses.pop("broken")
         got = answers(responses)
+        # The repo's root adapter (NOISY's files), downloaded on first use, answers as NOISY.
+        assert got["hub"] == (REPO, noisy["noisy-0"][1])
+        # Its own weights only: not those of the repo's other adapter, never named.
+        [weights] = mirror.served(".safetensors")
+        assert weights.startswith(f"/{REPO}/resolve/") and weights.count("/") == 5, weights
         for i in range(len(PROMPTS)):
             text = base[f"base-{i}"][1]
             # Base lines beside adapter lines answer as the base model alone.

@@ -1,20 +1,25 @@
-"""Which lines share the engine when they name LoRA adapters, with a scripted engine; and the
-adapters a `--lora-dir` folder serves, as it changes. The real engine's answers are in
-tests/test_lora.py."""
+"""Which lines share the engine when they name LoRA adapters, with a scripted engine; the
+adapters a `--lora-dir` folder serves, as it changes; and those a `--lora-repo` lists. The
+real engine's answers are in tests/test_lora.py."""
 
 import asyncio
 import itertools
 import json
 import shutil
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.engine_fixtures import REPO, child_env
 from tests.fake_engine import MODEL, FakeEngine
+from tests.hub_mirror import hub_mirror
 from tests.test_worker_scheduler import Collector, chat, drain, job
-from worker.adapters import AdapterFolder, AdapterRule, folder_adapters
+from worker.adapter_repo import RepoAdapter, adapters_in
+from worker.adapters import AdapterRule, FolderSource, LoraAdapters, folder_adapters
 from worker.engine_results import EngineResult
 from worker.scheduler import Scheduler
 
@@ -130,7 +135,7 @@ def test_an_adapter_loads_once_and_a_failed_load_is_remembered(tmp_path: Path) -
         return None if path == good else "no adapter_model.safetensors"
 
     async def scenario() -> list[str | None]:
-        folder = AdapterFolder(tmp_path, [MODEL], load, unload_nothing)
+        folder = LoraAdapters([FolderSource(tmp_path, [MODEL])], load, unload_nothing)
         names = ["good", "bad", "good", "bad", MODEL, "unknown", None]
         return list(await asyncio.gather(*(folder.problem(n) for n in names)))
 
@@ -156,7 +161,7 @@ def test_a_rescan_follows_folders_added_and_removed(tmp_path: Path) -> None:
         calls.append(f"unload {name}")
 
     async def scenario() -> None:
-        folder = AdapterFolder(tmp_path, [MODEL], load, unload)
+        folder = LoraAdapters([FolderSource(tmp_path, [MODEL])], load, unload)
         assert list(folder.adapters) == ["first"] and not await folder.rescan()
         late = adapter_folder(tmp_path, "late", MODEL)
         adapter_folder(tmp_path, "other-base", "meta-llama/Llama-3.2-1B")
@@ -176,3 +181,97 @@ def test_a_rescan_follows_folders_added_and_removed(tmp_path: Path) -> None:
 
     asyncio.run(scenario())
     assert calls == ["load first", "load late", "unload first", "load late"]
+
+
+def test_a_repo_serves_its_root_and_each_folder_holding_an_adapter() -> None:
+    files = [
+        "README.md",
+        "adapter_config.json",
+        "adapter_model.safetensors",
+        "math/adapter_config.json",
+        "math/adapter_model.safetensors",
+        "nested/deep/adapter_config.json",
+        "nested/deep/adapter_model.safetensors",
+        "nested/notes.txt",
+        "other/my_adapter_config.json",
+    ]
+    found = adapters_in("acme/loras", reversed(files))
+    assert [(a.name, a.folder, a.files) for a in found] == [
+        # The root adapter downloads the root's files only, not the other adapters'.
+        ("acme/loras", "", ("README.md", "adapter_config.json", "adapter_model.safetensors")),
+        ("acme/loras/math", "math", (files[3], files[4])),
+        ("acme/loras/nested/deep", "nested/deep", (files[5], files[6])),
+    ]
+    assert adapters_in("acme/none", ["README.md", "model.safetensors"]) == []
+
+
+def test_an_adapter_that_cannot_be_downloaded_fails_its_lines_once(tmp_path: Path) -> None:
+    gets: list[str] = []
+
+    class Unreachable(RepoAdapter):
+        def local(self) -> Path:
+            gets.append(self.name)
+            raise OSError("HfHubHTTPError: 503 Service Unavailable")
+
+    class Listed:
+        def __init__(self) -> None:
+            self.found = [Unreachable("acme/loras", "math", ("math/adapter_config.json",))]
+
+        def scan(self) -> None:
+            pass
+
+    async def load(name: str, path: Path) -> str | None:
+        raise AssertionError(f"{name} loaded")
+
+    async def scenario() -> list[str | None]:
+        served = LoraAdapters([Listed()], load, unload_nothing)
+        assert list(served.adapters) == ["acme/loras/math"] and not await served.rescan()
+        names = ["acme/loras/math", "acme/loras", "acme/loras/math"]
+        return list(await asyncio.gather(*(served.problem(n) for n in names)))
+
+    problems = asyncio.run(scenario())
+    assert gets == ["acme/loras/math"]
+    assert problems[1] is None and problems[0] == problems[2]
+    assert str(problems[0]).startswith("The LoRA adapter 'acme/loras/math' cannot be loaded from ")
+    assert str(problems[0]).endswith(
+        "/acme/loras/tree/main/math: HfHubHTTPError: 503 Service Unavailable"
+    )
+
+
+# A worker's view of a `--lora-repo`, in a child process: huggingface_hub reads HF_* at import.
+_LIST_AND_FETCH = """
+import json, sys
+from worker.adapter_repo import RepoSource
+found = RepoSource(sys.argv[1]).found
+fetched = [str(a.local()) for a in found if a.name in sys.argv[2:]]
+print(json.dumps({"names": [a.name for a in found], "fetched": fetched}))
+"""
+
+
+def _in_child(env: dict[str, str | None], *argv: str) -> dict[str, list[str]]:
+    command = [sys.executable, "-c", _LIST_AND_FETCH, *argv]
+    done = subprocess.run(
+        command, env=child_env(env), capture_output=True, text=True, cwd=REPO, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    return dict(json.loads(done.stdout))
+
+
+def test_a_repo_is_listed_from_the_hub_or_offline_from_the_cache(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    adapter_folder(repo, "math", MODEL).joinpath("adapter_model.safetensors").write_text("w")
+    adapter_folder(repo, "chat", MODEL)
+    hub: dict[str, str | None] = {"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
+    with hub_mirror({"acme/loras": repo}) as mirror:
+        hub["HF_ENDPOINT"] = mirror.url
+        # Offline and not cached: nothing served (a warning says why), the worker goes on.
+        assert _in_child(hub, "acme/loras") == {"names": [], "fetched": []}
+        online = _in_child({**hub, "HF_HUB_OFFLINE": "0"}, "acme/loras", "acme/loras/math")
+        names = ["acme/loras/chat", "acme/loras/math"]
+        assert online["names"] == names and mirror.served(".safetensors")
+        [fetched] = map(Path, online["fetched"])
+        assert fetched.name == "math" and (fetched / "adapter_model.safetensors").read_text() == "w"
+        assert not (fetched.parent / "chat").exists(), "only the adapter named is downloaded"
+    # Offline, the cached snapshot is listed: the adapters downloaded so far.
+    offline = _in_child(hub, "acme/loras", "acme/loras/math")
+    assert offline == {"names": ["acme/loras/math"], "fetched": [str(fetched)]}

@@ -16,16 +16,17 @@ and adapter requests mix freely.
 worker's base model is served under the folder's name, announced and loaded into the engine
 when a line first names it. The worker rescans DIR at each heartbeat: a folder added later is
 served from then on, and one removed is no longer served (unloaded if it was loaded).
+`--lora-repo ORG/NAME` serves a Hugging Face repo's adapters the same way (`worker.adapter_repo`).
 """
 
 import asyncio
 import json
 import logging
 from collections import Counter, defaultdict
-from collections.abc import Awaitable, Callable, Hashable, Iterable
+from collections.abc import Awaitable, Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 log = logging.getLogger("overnight.worker")
 
@@ -102,10 +103,46 @@ class InFlightAdapters:
             del self._running[adapter]
 
 
+class Adapter(Protocol):
+    """An adapter a line may name, loaded into the engine on first use."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def root(self) -> str:
+        """Where it comes from, as `GET /v1/models` shows it."""
+        ...
+
+    def local(self) -> Path:
+        """Its folder on this machine, fetched first if need be (blocking; OSError if not)."""
+        ...
+
+
+class AdapterSource(Protocol):
+    """Where adapters are found: `--lora-dir`'s folder or a `--lora-repo`."""
+
+    @property
+    def found(self) -> Sequence[Adapter]:
+        """Its adapters as last scanned."""
+        ...
+
+    def scan(self) -> None:
+        """Scan again (blocking): a source that cannot be read keeps what it found."""
+        ...
+
+
 @dataclass(frozen=True)
 class FolderAdapter:
     name: str
     path: Path
+
+    @property
+    def root(self) -> str:
+        return str(self.path)
+
+    def local(self) -> Path:
+        return self.path
 
 
 def folder_adapters(root: Path, base_names: list[str]) -> list[FolderAdapter]:
@@ -139,48 +176,60 @@ def _adapter_config(folder: Path) -> dict[str, Any] | None:
     return config if isinstance(config, dict) else None
 
 
-class AdapterFolder:
-    """`--lora-dir`'s adapters, each loaded into the engine when a line first names it.
+class FolderSource:
+    """`--lora-dir`'s sub-folders, scanned again at each heartbeat."""
 
-    A failed load is remembered while the folder stays: every line naming that adapter gets
-    the same error at once instead of retrying a load that costs seconds.
-    """
-
-    def __init__(
-        self, root: Path, base_names: list[str], load: LoadAdapter, unload: UnloadAdapter
-    ) -> None:
+    def __init__(self, root: Path, base_names: list[str]) -> None:
         self.root, self.base_names = root, base_names
-        self.adapters = {adapter.name: adapter for adapter in folder_adapters(root, base_names)}
-        self._load, self._unload = load, unload
-        self._loaded: set[str] = set()
-        self._failed: dict[str, str] = {}
-        self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self.found: list[FolderAdapter] = folder_adapters(root, base_names)
         self._unreadable: str | None = None
 
-    async def rescan(self) -> bool:
-        """Serve the adapters the folder holds now: whether they changed.
-
-        A removed adapter is unloaded (lines naming it get the engine's unknown-model error),
-        and forgotten: put back, it is loaded anew. An unreadable folder changes nothing.
-        """
+    def scan(self) -> None:
         try:
-            found = await asyncio.to_thread(folder_adapters, self.root, self.base_names)
+            self.found = folder_adapters(self.root, self.base_names)
         except (OSError, ValueError) as exc:
             if str(exc) != self._unreadable:
                 log.warning("--lora-dir %s cannot be read, its adapters kept: %s", self.root, exc)
             self._unreadable = str(exc)
-            return False
+            return
         self._unreadable = None
-        now = {adapter.name: adapter for adapter in found}
+
+
+class LoraAdapters:
+    """The adapters of `--lora-dir` and `--lora-repo`, each loaded into the engine when a line
+    first names it.
+
+    A failed load (or download) is remembered while the adapter stays served: every line
+    naming it gets the same error at once instead of retrying a load that costs seconds.
+    """
+
+    def __init__(
+        self, sources: list[AdapterSource], load: LoadAdapter, unload: UnloadAdapter
+    ) -> None:
+        self.sources = sources
+        self.adapters = self._found()
+        self._load, self._unload = load, unload
+        self._loaded: set[str] = set()
+        self._failed: dict[str, str] = {}
+        self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+
+    def _found(self) -> dict[str, Adapter]:
+        return {adapter.name: adapter for source in self.sources for adapter in source.found}
+
+    async def rescan(self) -> bool:
+        """Serve the adapters the sources hold now: whether they changed.
+
+        A removed adapter is unloaded (lines naming it get the engine's unknown-model error),
+        and forgotten: put back, it is loaded anew.
+        """
+        for source in self.sources:
+            await asyncio.to_thread(source.scan)
+        now = self._found()
         if now == self.adapters:
             return False
         gone = self.adapters.keys() - now.keys()
-        log.info(
-            "--lora-dir %s: adapters added %s, removed %s",
-            self.root,
-            sorted(now.keys() - self.adapters.keys()),
-            sorted(gone),
-        )
+        added = sorted(now.keys() - self.adapters.keys())
+        log.info("LoRA adapters added %s, removed %s", added, sorted(gone))
         self.adapters = now
         for name in gone:
             await self._forget(name)
@@ -195,7 +244,7 @@ class AdapterFolder:
 
     async def problem(self, model: object) -> str | None:
         """Why a line naming `model` cannot run; None once its adapter is loaded (or it names
-        no adapter of the folder)."""
+        no adapter of the sources)."""
         if not isinstance(model, str) or model in self._loaded:
             return None
         adapter = self.adapters.get(model)
@@ -206,11 +255,16 @@ class AdapterFolder:
                 await self._try_load(adapter)
         return self._failed.get(model)
 
-    async def _try_load(self, adapter: FolderAdapter) -> None:
-        error = await self._load(adapter.name, adapter.path)
+    async def _try_load(self, adapter: Adapter) -> None:
+        try:
+            path = await asyncio.to_thread(adapter.local)
+        except OSError as exc:
+            error: str | None = str(exc)
+        else:
+            error = await self._load(adapter.name, path)
         if error is None:
             self._loaded.add(adapter.name)
             return
-        message = f"The LoRA adapter '{adapter.name}' cannot be loaded from {adapter.path}: {error}"
+        message = f"The LoRA adapter '{adapter.name}' cannot be loaded from {adapter.root}: {error}"
         log.warning("%s", message)
         self._failed[adapter.name] = message

@@ -85,6 +85,15 @@ def own_parser() -> argparse.ArgumentParser:
         "implies --enable-lora",
     )
     parser.add_argument(
+        "--lora-repo",
+        action="append",
+        metavar="ORG/NAME",
+        help="serve the LoRA adapters of this Hugging Face repo (repeatable): the repo as "
+        "ORG/NAME if it holds adapter_config.json at its root, each folder holding one as "
+        "ORG/NAME/SUB; downloaded into the Hugging Face cache when a line first names it; "
+        "implies --enable-lora",
+    )
+    parser.add_argument(
         "--health-file",
         help="keep the worker's state here as JSON (starting, waiting_for_database, ready, "
         "draining, stopped) for a supervisor's probe",
@@ -207,7 +216,8 @@ def parse(argv: Sequence[str] | None, settings: Settings) -> tuple[argparse.Name
     if ours.data_dir:
         settings = settings.model_copy(update={"data_dir": Path(ours.data_dir)})
     # Before vLLM (and with it huggingface_hub, which reads the variable once) is imported.
-    stay_offline_for(source_of(ours.model, settings.models))
+    if not ours.lora_repo:  # adapters from the hub: the hub stays on
+        stay_offline_for(source_of(ours.model, settings.models))
     from app.logging import is_text
 
     args = vllm_parser(progress_bars=is_text(settings.log_format)).parse_args(rest)

@@ -20,7 +20,7 @@ from app.logging import root_level_kept
 from app.schemas.models import ANNOUNCEMENT_KEY, Announcement
 from worker.adapters import ADAPTER_LOAD_FAILED
 from worker.engine_gauges import EngineStats, Gauges
-from worker.engine_lora import adapter_folder, adapter_rule, announced_adapters
+from worker.engine_lora import adapter_rule, announced_adapters, lora_adapters
 from worker.engine_online import observe_online
 from worker.engine_results import (
     EngineResult,
@@ -98,20 +98,21 @@ class VllmEngine:
         self._dead_type = VllmEngineDead
         self._routes = routes_of(state, args)
         self.adapter_rule = adapter_rule(engine_client, served_names)
-        self.adapter_folder = adapter_folder(state, args, served_names)
+        self.lora_adapters = lora_adapters(state, args, served_names)
         self._state = state
         self._announce()
 
     def _announce(self) -> None:
         """What the worker's row announces: the API serves these names for these endpoints."""
         names = self.served_names
-        adapters = announced_adapters(self._state, names[0], self.adapter_folder)
+        adapters = announced_adapters(self._state, names[0], self.lora_adapters)
         served = Announcement(names=names, endpoints=self.endpoints, adapters=adapters)
         self.configuration[ANNOUNCEMENT_KEY] = served.model_dump()
 
     async def rescan_adapters(self) -> bool:
-        """Follow `--lora-dir`'s folders: whether the announcement changed."""
-        if self.adapter_folder is None or not await self.adapter_folder.rescan():
+        """Follow `--lora-dir`'s folder (a `--lora-repo` is listed once): whether the
+        announcement changed."""
+        if self.lora_adapters is None or not await self.lora_adapters.rescan():
             return False
         self._announce()
         return True
@@ -135,8 +136,8 @@ class VllmEngine:
             request = route.validate(body)
         except Exception as exc:
             return error_result(400, validation_message(exc), validation_param(exc))
-        if self.adapter_folder is not None and (
-            problem := await self.adapter_folder.problem(body.get("model"))
+        if self.lora_adapters is not None and (
+            problem := await self.lora_adapters.problem(body.get("model"))
         ):
             return error_result(400, problem, "model", ADAPTER_LOAD_FAILED)
         fields = type(request).model_fields
@@ -228,7 +229,7 @@ async def start_engine(args: Namespace, online: bool = False) -> AsyncIterator[V
     from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    if getattr(args, "lora_dir", None):
+    if getattr(args, "lora_dir", None) or getattr(args, "lora_repo", None):
         args.enable_lora = True
     engine_args = AsyncEngineArgs.from_cli_args(args)
     propagate_flash_late_interaction(args, engine_args)

@@ -9,15 +9,16 @@ from pathlib import Path
 from typing import Any
 
 from app.schemas.models import AnnouncedAdapter
-from worker.adapters import AdapterFolder, AdapterRule
+from worker.adapter_repo import RepoSource
+from worker.adapters import AdapterRule, AdapterSource, FolderSource, LoraAdapters
 
 
 def announced_adapters(
-    state: Any, base: str, folder: AdapterFolder | None
+    state: Any, base: str, served: LoraAdapters | None
 ) -> list[AnnouncedAdapter]:
-    """The LoRA adapters vLLM has loaded (`--lora-modules`, and those of `--lora-dir` a line
-    named), as its `/v1/models` lists them, then the rest of `--lora-dir`'s (loaded on first
-    use)."""
+    """The LoRA adapters vLLM has loaded (`--lora-modules`, and those of `--lora-dir` and
+    `--lora-repo` a line named), as its `/v1/models` lists them, then the rest of theirs
+    (loaded on first use)."""
     models = getattr(state, "openai_serving_models", None)
     loaded = models.lora_requests.values() if models is not None else []
     adapters = {
@@ -26,9 +27,9 @@ def announced_adapters(
         )
         for lora in loaded
     }
-    for found in folder.adapters.values() if folder is not None else []:
+    for found in served.adapters.values() if served is not None else []:
         adapters.setdefault(
-            found.name, AnnouncedAdapter(name=found.name, parent=base, root=str(found.path))
+            found.name, AnnouncedAdapter(name=found.name, parent=base, root=found.root)
         )
     return list(adapters.values())
 
@@ -44,12 +45,14 @@ def adapter_rule(client: Any, served_names: list[str]) -> AdapterRule | None:
     return AdapterRule(frozenset(served_names), int(lora.max_loras), base_apart=on_cpu)
 
 
-def adapter_folder(state: Any, args: Namespace, served_names: list[str]) -> AdapterFolder | None:
-    """`--lora-dir`'s adapters, loaded and unloaded through vLLM's own
+def lora_adapters(state: Any, args: Namespace, served_names: list[str]) -> LoraAdapters | None:
+    """`--lora-dir`'s and `--lora-repo`'s adapters, loaded and unloaded through vLLM's own
     `/v1/load_lora_adapter` and `/v1/unload_lora_adapter` paths."""
-    root = getattr(args, "lora_dir", None)
     models = getattr(state, "openai_serving_models", None)
-    if not root or models is None:
+    if models is None:
+        return None
+    sources = adapter_sources(args, [*served_names, str(args.model)])
+    if not sources:
         return None
     from vllm.entrypoints.serve.lora.protocol import (
         LoadLoRAAdapterRequest,
@@ -66,4 +69,12 @@ def adapter_folder(state: Any, args: Namespace, served_names: list[str]) -> Adap
     async def unload(name: str) -> None:
         await models.unload_lora_adapter(UnloadLoRAAdapterRequest(lora_name=name))
 
-    return AdapterFolder(Path(root), [*served_names, str(args.model)], load, unload)
+    return LoraAdapters(sources, load, unload)
+
+
+def adapter_sources(args: Namespace, base_names: list[str]) -> list[AdapterSource]:
+    """`--lora-dir`'s folder, then each `--lora-repo` once."""
+    root = getattr(args, "lora_dir", None)
+    sources: list[AdapterSource] = [FolderSource(Path(root), base_names)] if root else []
+    repos = getattr(args, "lora_repo", None) or []
+    return [*sources, *(RepoSource(repo) for repo in dict.fromkeys(repos))]
