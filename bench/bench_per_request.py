@@ -59,7 +59,12 @@ def sentences(n: int) -> list[str]:
 def body(kind: str, model: str, text: str) -> dict[str, Any]:
     if kind == EMBED:
         return {"model": model, "input": text}
-    return {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": 1}
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": 1,
+        "temperature": 0,
+    }
 
 
 def input_file(kind: str, model: str, texts: list[str], path: Path) -> Path:
