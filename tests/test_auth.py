@@ -74,7 +74,7 @@ def test_projects_are_isolated(server: RunningServer, settings: Settings) -> Non
 
 
 def test_keys_are_required_once_they_exist(server: RunningServer, settings: Settings) -> None:
-    with httpx.Client(base_url=server.url) as http:
+    with httpx.Client(timeout=60, base_url=server.url) as http:
         # Open mode: no key configured, any bearer token (or none) is the default project.
         opened = http.post(
             "/v1/files", data={"purpose": "batch"}, files={"file": ("a.jsonl", b"{}\n")}
@@ -147,7 +147,7 @@ def test_a_server_started_with_keys_never_opens(settings: Settings) -> None:
     with session_scope(settings) as session:
         admin_key, admin_secret = create_key(session, "ops", role="admin")
         member_key, _ = create_key(session, "team")
-    with running_server(settings) as server, httpx.Client(base_url=server.url) as http:
+    with running_server(settings) as server, httpx.Client(timeout=60, base_url=server.url) as http:
         assert http.get("/readyz").json()["access"] == "keys_required"
         admin = {"Authorization": f"Bearer {admin_secret}"}
         assert http.delete(f"/v1/admin/api_keys/{member_key.id}", headers=admin).status_code == 200
@@ -166,7 +166,7 @@ def test_a_server_started_with_keys_never_opens(settings: Settings) -> None:
 
 
 def test_a_server_started_open_closes_for_good_once_a_key_exists(server: RunningServer) -> None:
-    with httpx.Client(base_url=server.url) as http:
+    with httpx.Client(timeout=60, base_url=server.url) as http:
         assert http.get("/readyz").json()["access"] == "open"
         created = http.post("/v1/admin/api_keys", json={"project": "ops", "role": "admin"})
         assert created.status_code == 200
@@ -191,7 +191,7 @@ def test_revoked_keys_are_refused_within_the_cache_ttl(settings: Settings) -> No
     admin = {"Authorization": f"Bearer {admin_secret}"}
     member = {"Authorization": f"Bearer {member_secret}"}
     other = {"Authorization": f"Bearer {other_secret}"}
-    with running_server(settings) as server, httpx.Client(base_url=server.url) as http:
+    with running_server(settings) as server, httpx.Client(timeout=60, base_url=server.url) as http:
         assert http.get("/v1/files", headers=member).status_code == 200
         first_lookup = time.monotonic()
         assert http.get("/v1/files", headers=other).status_code == 200

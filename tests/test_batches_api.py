@@ -313,7 +313,9 @@ def test_objects_of_another_project_are_invisible(server: RunningServer) -> None
         assert [x.id for x in b.batches.list()] == []
         assert [x.id for x in a.batches.list()] == [batch.id]
         assert [x.id for x in a.batches.list(after=batch.id)] == []  # a known cursor, last page
-    with httpx.Client(base_url=server.url, headers={"authorization": f"Bearer {key_b}"}) as http:
+    with httpx.Client(
+        timeout=60, base_url=server.url, headers={"authorization": f"Bearer {key_b}"}
+    ) as http:
         # Another project's batch is as unknown a cursor as a made-up id.
         for after in (batch.id, "batch_nonexistent"):
             response = http.get("/v1/batches", params={"after": after})

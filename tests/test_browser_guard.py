@@ -110,7 +110,7 @@ def test_a_rebound_name_reads_nothing(server: RunningServer, http: httpx.Client)
 
 def test_the_operator_lists_more_names(settings: Settings) -> None:
     listed = settings.model_copy(update={"allowed_hosts": ["ops.example"]})
-    with running_server(listed) as server, httpx.Client(base_url=server.url) as http:
+    with running_server(listed) as server, httpx.Client(timeout=60, base_url=server.url) as http:
         port = port_of(server)
         host = {"Host": f"ops.example:{port}"}
         assert http.get("/v1/files", headers=host).status_code == 200
@@ -121,7 +121,7 @@ def test_the_operator_lists_more_names(settings: Settings) -> None:
 
 
 def test_keys_make_curl_forms_welcome_again(server: RunningServer, settings: Settings) -> None:
-    with httpx.Client(base_url=server.url) as http:
+    with httpx.Client(timeout=60, base_url=server.url) as http:
         assert_error(http.post("/v1/uploads", content=UPLOAD, headers=CURL_FORM), 415)
         # A key made on the server's machine (`overnight keys create`) closes open mode,
         # though this process has served no keyless request since.
@@ -133,7 +133,7 @@ def test_keys_make_curl_forms_welcome_again(server: RunningServer, settings: Set
 
     # Started with keys: curl's default form type, any Host and any Origin, as ever.
     keyed = settings.model_copy(update={"admin_key": "sk-guard-admin"})
-    with running_server(keyed) as started, httpx.Client(base_url=started.url) as http:
+    with running_server(keyed) as started, httpx.Client(timeout=60, base_url=started.url) as http:
         anywhere = {"Host": f"api.example:{port_of(started)}", "Origin": EVIL}
         bearer = {"Authorization": "Bearer sk-guard-admin"}
         curl = http.post("/v1/uploads", content=UPLOAD, headers=CURL_FORM | anywhere | bearer)

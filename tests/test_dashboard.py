@@ -97,7 +97,7 @@ def test_the_cookie_is_secure_when_a_trusted_proxy_took_https(settings: Settings
 
         def cookie_flags(source: str, headers: dict[str, str]) -> set[str]:
             transport = httpx.HTTPTransport(local_address=source)
-            with httpx.Client(base_url=server.url, transport=transport) as browser:
+            with httpx.Client(timeout=60, base_url=server.url, transport=transport) as browser:
                 login = browser.post("/dashboard/login", data={"key": ADMIN_KEY}, headers=headers)
             assert login.status_code == 303
             return {flag.strip().lower() for flag in login.headers["set-cookie"].split(";")}

@@ -327,7 +327,7 @@ def test_bytes_of_a_running_batch_input_outlive_its_deletion(
 
 def test_upload_limits_from_settings(settings: Settings) -> None:
     small = settings.model_copy(update={"max_file_bytes": 4000, "max_batch_file_bytes": 1000})
-    with running_server(small) as server, httpx.Client(base_url=server.url) as http:
+    with running_server(small) as server, httpx.Client(timeout=60, base_url=server.url) as http:
         _check_limits(http)
         # Only the accepted files remain: refused uploads leave no object and no temp file.
         listed = http.get("/v1/files").json()["data"]

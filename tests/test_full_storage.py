@@ -158,7 +158,7 @@ def test_an_s3_store_refusing_writes_is_507(
     storage = storage_of(settings)
     assert isinstance(storage, S3Storage)
     events = storage.client.meta.events
-    with running_server(settings) as server, httpx.Client(base_url=server.url) as http:
+    with running_server(settings) as server, httpx.Client(timeout=60, base_url=server.url) as http:
         events.register_first("before-send.s3", _refuse_writes)
         try:
             refused = http.post(

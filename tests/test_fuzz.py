@@ -179,5 +179,5 @@ def test_lying_content_length(fuzzed: RunningServer) -> None:
     # Shorter: the server parses what was announced; the rest is no request at all.
     shorter = _raw_exchange(fuzzed, f"{head}Content-Length: 10\r\n\r\n".encode() + body)
     assert shorter.startswith(b"HTTP/1.1 400 ") and b" 500 " not in shorter
-    with httpx.Client(base_url=fuzzed.url, headers=AUTH) as http:
+    with httpx.Client(timeout=60, base_url=fuzzed.url, headers=AUTH) as http:
         assert http.get("/v1/batches").status_code == 200

@@ -253,7 +253,7 @@ def test_errors_are_anthropics_and_keys_scope_batches(
     assert anthropic_error(refused.value)["type"] == "authentication_error"
     # Anthropic's own header, as older SDKs and curl send it.
     headers = {"x-api-key": keys["alpha"], "anthropic-version": "2023-06-01"}
-    with httpx.Client(base_url=server.url, headers=headers) as http:
+    with httpx.Client(timeout=60, base_url=server.url, headers=headers) as http:
         listed = http.get("/v1/messages/batches").json()
         assert [b["id"] for b in listed["data"]] == [created.id]
         empty = http.post("/v1/messages/batches", json={"requests": []})

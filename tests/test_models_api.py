@@ -44,6 +44,6 @@ def test_models_follow_the_configured_registry(settings: Settings) -> None:
     custom = settings.model_copy(
         update={"models": [ServedModel(name="org/my-model", endpoints=["/v1/embeddings"])]}
     )
-    with running_server(custom) as server, httpx.Client(base_url=server.url) as http:
+    with running_server(custom) as server, httpx.Client(timeout=60, base_url=server.url) as http:
         assert [m["id"] for m in http.get("/v1/models").json()["data"]] == ["org/my-model"]
         assert http.get("/v1/models/org/my-model").json()["id"] == "org/my-model"

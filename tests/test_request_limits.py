@@ -68,7 +68,7 @@ def test_a_json_body_past_the_limit_is_refused_while_it_streams(
 
 
 def test_a_declared_length_past_the_limit_is_refused_at_once(limited: RunningServer) -> None:
-    with httpx.Client(base_url=limited.url) as http:
+    with httpx.Client(timeout=60, base_url=limited.url) as http:
         big = b'{"project": "' + b"p" * LIMIT + b'"}'
         error = assert_error(http.post("/v1/admin/api_keys", content=big, headers=JSON_TYPE), 413)
         assert error["code"] == "request_too_large"
@@ -115,7 +115,7 @@ def test_a_trickled_request_head_is_closed(limited: RunningServer, sent: bytes) 
                 continue
         assert time.monotonic() - started < 4.5, "the connection was never closed"
     # A request sent whole on a fresh connection is served as usual.
-    with httpx.Client(base_url=limited.url) as http:
+    with httpx.Client(timeout=60, base_url=limited.url) as http:
         assert http.get("/v1/files").status_code == 200
 
 

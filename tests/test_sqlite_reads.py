@@ -14,7 +14,7 @@ from tests.harness import running_server
 def test_reads_are_not_blocked_by_a_writer(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path, _env_file=None)  # type: ignore[call-arg]
     upgrade(settings.sqlalchemy_url)
-    with running_server(settings) as server, httpx.Client(base_url=server.url) as http:
+    with running_server(settings) as server, httpx.Client(timeout=60, base_url=server.url) as http:
         assert (
             http.post(
                 "/v1/files", files={"file": ("a.jsonl", b"{}\n")}, data={"purpose": "batch"}

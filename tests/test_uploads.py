@@ -241,7 +241,10 @@ def test_curl_forms(settings: Settings) -> None:
     # only: a web page could send anything else, tests/test_browser_guard.py).
     keyed = settings.model_copy(update={"admin_key": CURL_KEY})
     bearer = {"Authorization": f"Bearer {CURL_KEY}"}
-    with running_server(keyed) as server, httpx.Client(base_url=server.url, headers=bearer) as http:
+    with (
+        running_server(keyed) as server,
+        httpx.Client(timeout=60, base_url=server.url, headers=bearer) as http,
+    ):
         curl_forms(http)
 
 
@@ -309,7 +312,7 @@ def test_create_rules(http: httpx.Client) -> None:
 
 def test_part_size_limit(settings: Settings) -> None:
     small = settings.model_copy(update={"max_upload_part_bytes": 1000})
-    with running_server(small) as server, httpx.Client(base_url=server.url) as http:
+    with running_server(small) as server, httpx.Client(timeout=60, base_url=server.url) as http:
         upload = http.post(
             "/v1/uploads",
             json={

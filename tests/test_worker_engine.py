@@ -105,7 +105,7 @@ def test_engine_gauges_reach_metrics_and_the_log_is_one_json_stream(local: Deplo
     worker = ("worker", "chat-1")
     lines = [chat_line(f"g{i}", max_tokens=48, ignore_eos=True) for i in range(24)]
     seen: dict[str, float] = {}
-    with local.client() as client, httpx.Client(base_url=local.server.url) as http:
+    with local.client() as client, httpx.Client(timeout=60, base_url=local.server.url) as http:
         batch_id = start_batch(client, jsonl(lines))
         deadline = time.monotonic() + 180
         while client.batches.retrieve(batch_id).status != "completed":
