@@ -149,6 +149,18 @@ async def unload_nothing(name: str) -> None:
     raise AssertionError(f"{name} unloaded")
 
 
+def test_another_models_adapter_is_warned_about_once_across_rescans(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    adapter_folder(tmp_path, "other-base", "meta-llama/Llama-3.2-1B")
+    source = FolderSource(tmp_path, [MODEL])
+    for _ in range(3):
+        source.scan()
+    assert source.found == []
+    warned = [r for r in caplog.records if "not served" in r.getMessage()]
+    assert len(warned) == 1 and "other-base" in warned[0].getMessage()
+
+
 def test_a_rescan_follows_folders_added_and_removed(tmp_path: Path) -> None:
     adapter_folder(tmp_path, "first", MODEL).joinpath("adapter_model.safetensors").touch()
     calls: list[str] = []

@@ -145,11 +145,14 @@ class FolderAdapter:
         return self.path
 
 
-def folder_adapters(root: Path, base_names: list[str]) -> list[FolderAdapter]:
+def folder_adapters(
+    root: Path, base_names: list[str], told: set[Path] | None = None
+) -> list[FolderAdapter]:
     """The LoRA adapters of the base model in `root`'s sub-folders, by name.
 
     An adapter whose recorded base (`base_model_name_or_path`) ends in another name than the
-    base model's folder or served names is skipped, as vLLM's own filesystem resolver does;
+    base model's folder or served names is skipped, as vLLM's own filesystem resolver does,
+    with a warning (once for the folders in `told`, which a rescan passes again);
     one that records no base is taken (vLLM checks its shapes when it loads it).
     """
     if not root.is_dir():
@@ -162,7 +165,10 @@ def folder_adapters(root: Path, base_names: list[str]) -> list[FolderAdapter]:
             continue
         recorded = str(config.get("base_model_name_or_path") or "")
         if recorded and Path(recorded).name not in bases:
-            log.warning("%s: an adapter of %s, not of %s: not served", folder, recorded, bases)
+            if told is None or folder not in told:
+                log.warning("%s: an adapter of %s, not of %s: not served", folder, recorded, bases)
+            if told is not None:
+                told.add(folder)
             continue
         found.append(FolderAdapter(folder.name, folder))
     return found
@@ -181,12 +187,13 @@ class FolderSource:
 
     def __init__(self, root: Path, base_names: list[str]) -> None:
         self.root, self.base_names = root, base_names
-        self.found: list[FolderAdapter] = folder_adapters(root, base_names)
+        self._told: set[Path] = set()  # other models' adapters, warned about once
+        self.found: list[FolderAdapter] = folder_adapters(root, base_names, self._told)
         self._unreadable: str | None = None
 
     def scan(self) -> None:
         try:
-            self.found = folder_adapters(self.root, self.base_names)
+            self.found = folder_adapters(self.root, self.base_names, self._told)
         except (OSError, ValueError) as exc:
             if str(exc) != self._unreadable:
                 log.warning("--lora-dir %s cannot be read, its adapters kept: %s", self.root, exc)
