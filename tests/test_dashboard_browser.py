@@ -325,6 +325,9 @@ def test_workers_files_and_keys_pages(
     page.fill("input[name=project]", " ")
     page.click("form[data-create-key] button[type=submit]")
     expect(page.locator("#flash")).to_contain_text("project")
+    # It stays through the page's polls (they clear only their own errors) until read.
+    page.evaluate("refreshAll()")
+    expect(page.locator("#flash")).to_contain_text("project")
     # A project's own enqueued limit, from its row of the projects table.
     page.reload()
     posts: list[str] = []

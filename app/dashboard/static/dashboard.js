@@ -11,18 +11,22 @@ const refreshers = [];
 const OK_MESSAGE_MS = 8000;
 let okTimer = null;
 
-// An error stays until the next successful poll; a confirmation for a few seconds.
-function flash(message, ok = false) {
+// A poll's error stays until a poll succeeds; an action's error until the next action (a
+// poll already under way must not wipe it before it is read); a confirmation a few seconds.
+let shownByPoll = false;
+
+function flash(message, ok = false, fromPoll = false) {
   const box = document.getElementById("flash");
   box.textContent = message || "";
   box.hidden = !message;
   box.classList.toggle("ok", ok);
+  shownByPoll = fromPoll;
   clearTimeout(okTimer);
   if (ok) okTimer = setTimeout(() => flash(""), OK_MESSAGE_MS);
 }
 
 function clearError() {
-  if (!document.getElementById("flash").classList.contains("ok")) flash("");
+  if (shownByPoll) flash("");
 }
 
 async function request(url, options = {}) {
@@ -175,7 +179,7 @@ function poll(url, apply) {
         apply(await request(url));
         clearError();
       } catch (e) {
-        flash(e.message);
+        flash(e.message, false, true);
       }
     }
   };
@@ -190,6 +194,7 @@ async function refreshAll() {
 
 async function act(button) {
   if (button.dataset.confirm && !window.confirm(button.dataset.confirm)) return;
+  flash("");
   button.disabled = true;
   try {
     const result = await request(button.dataset.url, { method: "POST", headers: ACTION_HEADERS, body: "{}" });
@@ -199,7 +204,6 @@ async function act(button) {
     }
     if (result && result.secret) showSecret(button, result.secret);
     await refreshAll();
-    // After the refresh, which clears the message box when the feeds answer.
     if (result && result.message) flash(result.message, true);
   } catch (e) {
     flash(e.message);
@@ -209,6 +213,7 @@ async function act(button) {
 }
 
 async function createKey(form) {
+  flash("");
   const body = JSON.stringify(Object.fromEntries(new FormData(form)));
   try {
     const created = await request(form.getAttribute("action"), { method: "POST", headers: ACTION_HEADERS, body });
@@ -224,6 +229,7 @@ async function createKey(form) {
 // A form posted as JSON: repeated names (checkboxes) become lists. Posted to its `data-url`
 // (or `action`); a form in a table no feed refreshes (`data-reload`) reloads the page after.
 async function submitJson(form) {
+  flash("");
   const body = {};
   for (const [key, value] of new FormData(form)) {
     const many = form.querySelectorAll(`[name="${key}"][type=checkbox]`).length > 0;
