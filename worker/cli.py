@@ -247,7 +247,7 @@ ONLINE_LORA_ON_CPU = (
 
 
 def _lora_on(args: argparse.Namespace, ours: argparse.Namespace) -> bool:
-    return bool(args.enable_lora or args.lora_modules or ours.lora_dir)
+    return bool(args.enable_lora or args.lora_modules or ours.lora_dir or ours.lora_repo)
 
 
 def _given(argv: Sequence[str], flag: str) -> bool:
