@@ -68,7 +68,8 @@ def test_online_requests_and_lora_adapters_are_refused_together_on_cpu(tmp_path:
     for lora in (["--enable-lora"], ["--lora-dir", str(tmp_path)], ["--lora-repo", "acme/x"]):
         with pytest.raises(SystemExit, match="online-port with LoRA adapters is refused on CPU"):
             parse(["--online-port", "8001", *lora], settings)
-        assert parse(lora, settings)[0].online_port is None
+        args = parse(lora, settings)[0]
+        assert args.online_port is None and args.enable_lora
     assert parse(["--online-port", "8001"], settings)[0].online_port == 8001
 
 

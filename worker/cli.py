@@ -221,7 +221,9 @@ def parse(argv: Sequence[str] | None, settings: Settings) -> tuple[argparse.Name
     from app.logging import is_text
 
     args = vllm_parser(progress_bars=is_text(settings.log_format)).parse_args(rest)
-    if ours.online_port is not None and _lora_on(args, ours) and _on_cpu():
+    # `--lora-dir` and `--lora-repo` are adapter sources of vLLM's LoRA, as `--lora-modules` is.
+    args.enable_lora = bool(args.enable_lora or ours.lora_dir or ours.lora_repo)
+    if ours.online_port is not None and (args.enable_lora or args.lora_modules) and _on_cpu():
         raise SystemExit(ONLINE_LORA_ON_CPU)
     if ours.online_port is not None and not _given(rest, "--scheduling-policy"):
         # Online requests first: vLLM's scheduler admits lower priority values first.
@@ -244,10 +246,6 @@ ONLINE_LORA_ON_CPU = (
     "engine step, and online requests are not held apart as batch lines are. Serve online "
     "from a worker without LoRA, or this worker's adapters in batches only."
 )
-
-
-def _lora_on(args: argparse.Namespace, ours: argparse.Namespace) -> bool:
-    return bool(args.enable_lora or args.lora_modules or ours.lora_dir or ours.lora_repo)
 
 
 def _given(argv: Sequence[str], flag: str) -> bool:

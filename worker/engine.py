@@ -229,8 +229,6 @@ async def start_engine(args: Namespace, online: bool = False) -> AsyncIterator[V
     from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    if getattr(args, "lora_dir", None) or getattr(args, "lora_repo", None):
-        args.enable_lora = True
     engine_args = AsyncEngineArgs.from_cli_args(args)
     propagate_flash_late_interaction(args, engine_args)
     # vLLM sizes its scheduler (max_num_seqs, max_num_batched_tokens) by usage context; a
