@@ -68,6 +68,26 @@ def _batch_order(order: Order) -> list[Any]:
     ]
 
 
+def _ranked_batches(order: Order) -> Select[Any]:
+    """Batches of `models` with a claimable shard, best first, as a claim ranks them."""
+    share = (ProjectShare.project_id == Batch.project_id) & (ProjectShare.model == Batch.model)
+    return (
+        select(
+            Batch.id,
+            Batch.model,
+            func.row_number().over(order_by=_batch_order(order)).label("rank"),
+        )
+        .outerjoin(ProjectShare, share)
+        .where(
+            Batch.status == BatchStatus.IN_PROGRESS,
+            Batch.model.in_(bindparam("models", expanding=True)),
+            Batch.expires_at > db_now(),
+            exists().where(Shard.batch_id == Batch.id, _claimable()),
+        )
+        .order_by(*_batch_order(order))
+    )
+
+
 def _candidates(order: Order) -> Select[Any]:
     """Runnable shards, best first: the best batches' shards in index order.
 
@@ -75,27 +95,25 @@ def _candidates(order: Order) -> Select[Any]:
     then only their shards are read, through `ix_shards_claim_order`: a claim never sorts
     every open shard of the deployment.
     """
-    claimable = _claimable()
-    share = (ProjectShare.project_id == Batch.project_id) & (ProjectShare.model == Batch.model)
-    top = (
-        select(Batch.id, func.row_number().over(order_by=_batch_order(order)).label("rank"))
-        .outerjoin(ProjectShare, share)
-        .where(
-            Batch.status == BatchStatus.IN_PROGRESS,
-            Batch.model.in_(bindparam("models", expanding=True)),
-            Batch.expires_at > db_now(),
-            exists().where(Shard.batch_id == Batch.id, claimable),
-        )
-        .order_by(*_batch_order(order))
-        .limit(TOP_BATCHES)
-        .subquery("top")
-    )
+    top = _ranked_batches(order).limit(TOP_BATCHES).subquery("top")
     return (
         select(Shard.id)
         .join(top, top.c.id == Shard.batch_id)
-        .where(claimable)
+        .where(_claimable())
         .order_by(top.c.rank, Shard.index)
     )
+
+
+def models_with_work(
+    session: Session, models: Sequence[str], lease_seconds: float, order: Order = Order.FAIR
+) -> list[str]:
+    """The models among `models` with a claimable shard, in the order a claim over all of them
+    would serve them (its best batch first): what a switching worker holds next."""
+    ranked = _ranked_batches(order).subquery("ranked")
+    best = func.min(ranked.c.rank)
+    query = select(ranked.c.model).group_by(ranked.c.model).order_by(best)
+    params = {"models": list(models), "lease_seconds": lease_seconds}
+    return list(session.scalars(query, params))
 
 
 @cache

@@ -8,12 +8,14 @@ every other argument goes to vLLM's own parser (`FlexibleArgumentParser` with
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from worker.cli_switching import add_switching_arguments, serve_models, switching_args
 from worker.dtype import worker_dtype
 from worker.models import (
     BUNDLED_NAMES,
@@ -98,6 +100,7 @@ def own_parser() -> argparse.ArgumentParser:
         help="keep the worker's state here as JSON (starting, waiting_for_database, ready, "
         "draining, stopped) for a supervisor's probe",
     )
+    add_switching_arguments(parser)
     online = parser.add_argument_group(
         "online API",
         "vLLM's OpenAI API for the worker's model, from the engine that runs the batches",
@@ -212,12 +215,16 @@ def parse(argv: Sequence[str] | None, settings: Settings) -> tuple[argparse.Name
     ours, rest = own_parser().parse_known_args(argv)
     if positional and ours.model and positional != ours.model:
         raise SystemExit(f"overnight worker: two models given: {positional} and {ours.model}")
+    if ours.models and (positional or ours.model):
+        raise SystemExit("overnight worker: give one model or --models, not both")
     ours.model = positional or ours.model or DEFAULT_MODEL
     if ours.data_dir:
         settings = settings.model_copy(update={"data_dir": Path(ours.data_dir)})
     # Before vLLM (and with it huggingface_hub, which reads the variable once) is imported.
-    if not ours.lora_repo:  # adapters from the hub: the hub stays on
-        stay_offline_for(source_of(ours.model, settings.models))
+    models = ours.models.split(",") if ours.models else [ours.model]
+    sources = [source_of(m.strip(), settings.models) for m in models]
+    if not ours.lora_repo and all(map(is_bundled, sources)):  # else the hub stays on
+        stay_offline_for(sources[0])
     from app.logging import is_text
 
     args = vllm_parser(progress_bars=is_text(settings.log_format)).parse_args(rest)
@@ -235,7 +242,11 @@ def parse(argv: Sequence[str] | None, settings: Settings) -> tuple[argparse.Name
         args.allowed_media_domains = MediaRule.of(settings).vllm_domains()
     # Per-step statistics cost throughput and are off in vLLM's offline runner too.
     args.disable_log_stats = args.disable_log_stats or not ours.enable_log_stats
-    return prepare_args(args, settings, dtype_given=_given(rest, "--dtype")), settings
+    dtype_given = _given(rest, "--dtype")
+    if ours.models:
+        prepare = functools.partial(prepare_args, settings=settings, dtype_given=dtype_given)
+        return switching_args(args, prepare), settings
+    return prepare_args(args, settings, dtype_given), settings
 
 
 # Batch lines are held apart by adapter (worker.adapters); online requests go straight to
@@ -267,6 +278,8 @@ async def serve(args: argparse.Namespace, settings: Settings) -> int:
     install_signal_handlers(stop)
     worker_id = args.worker_id or new_worker_id()
     health = Health(worker_id, args.health_file)
+    if getattr(args, "choices", None):
+        return await serve_models(args, settings, worker_id, health, stop)
     model = (args.served_model_name or [args.model])[0]
     online = _online_socket(args, settings)
     beat = LoadingBeat(settings, worker_id, model, every=settings.lease_seconds / 3)

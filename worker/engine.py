@@ -17,7 +17,7 @@ import orjson
 from app.core.progress import usage_of
 from app.endpoints import canonical
 from app.logging import root_level_kept
-from app.schemas.models import ANNOUNCEMENT_KEY, Announcement
+from app.schemas.models import ANNOUNCEMENT_KEY, Announcement, StandbyModel, announcement_in
 from worker.adapters import ADAPTER_LOAD_FAILED
 from worker.engine_gauges import EngineStats, Gauges
 from worker.engine_lora import adapter_rule, announced_adapters, lora_adapters
@@ -107,7 +107,26 @@ class VllmEngine:
         names = self.served_names
         adapters = announced_adapters(self._state, names[0], self.lora_adapters)
         served = Announcement(names=names, endpoints=self.endpoints, adapters=adapters)
+        served.standby = self.announcement.standby
         self.configuration[ANNOUNCEMENT_KEY] = served.model_dump()
+
+    @property
+    def announcement(self) -> Announcement:
+        return announcement_in(self.configuration) or Announcement(names=[], endpoints=[])
+
+    def announce_standby(self, standby: list[StandbyModel]) -> None:
+        """The models a switching worker loads instead of this one (`worker.switching`)."""
+        served = self.announcement
+        served.standby = standby
+        self.configuration[ANNOUNCEMENT_KEY] = served.model_dump()
+
+    async def sleep(self, level: int) -> None:
+        """vLLM's sleep mode: free the accelerator's memory (level 1 keeps the weights in host
+        memory, level 2 drops them), keeping the engine to wake."""
+        await self.client.sleep(level)
+
+    async def wake_up(self) -> None:
+        await self.client.wake_up()
 
     async def rescan_adapters(self) -> bool:
         """Follow `--lora-dir`'s folder (a `--lora-repo` is listed once): whether the
@@ -212,6 +231,14 @@ def configuration_of(
     }
     plain = orjson.loads(orjson.dumps(redact_sensitive_args(given), default=str))
     return {"effective": effective, "arguments": plain}
+
+
+def model_length(args: Namespace) -> int:
+    """The longest context the model of these engine arguments takes (from its config)."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    unbounded = Namespace(**{**vars(args), "max_model_len": None})
+    return int(AsyncEngineArgs.from_cli_args(unbounded).create_model_config().max_model_len)
 
 
 @asynccontextmanager

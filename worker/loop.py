@@ -100,9 +100,16 @@ class Worker:
         self._next_poll = 0.0
         self._empty_claims = 0
         self._quiet_until = 0.0  # no change-triggered claim before this (monotonic)
+        self._leave: asyncio.Event | None = None
+        self._stop = asyncio.Event()
 
-    async def run(self, stop: asyncio.Event) -> int:
-        """Work until `stop` is set (0) or something fatal happens (1)."""
+    async def run(self, stop: asyncio.Event, leave: asyncio.Event | None = None) -> int:
+        """Work until `stop` is set (0) or something fatal happens (1).
+
+        `leave` (a switching worker, `worker.switching`): once set, claim nothing more, finish
+        the shards held, and return 0 with the worker's row and health left as they are.
+        """
+        self._leave, self._stop = leave, stop
         model = self.engine.served_names[0]
         registering = (registry.register, model, self.engine.configuration)
         if not await until_database(self.health, stop, self._db, *registering):
@@ -119,7 +126,7 @@ class Worker:
             side.append(asyncio.create_task(online, name="online backoff"))
         stopper = asyncio.create_task(stop.wait())
         try:
-            while not stop.is_set() and self._fatal is None:
+            while not stop.is_set() and self._fatal is None and not self._left():
                 if broken := next((t for t in side if t.done()), None):
                     self._fatal = broken.exception() or RuntimeError(f"{broken.get_name()} ended")
                     break
@@ -128,6 +135,8 @@ class Worker:
                     continue
                 self._changed.clear()
                 waiters: list[asyncio.Task[Any]] = [asyncio.create_task(self._changed.wait())]
+                if leave is not None:
+                    waiters.append(asyncio.create_task(leave.wait()))
                 if ready and self._watch is not None:
                     waiters.append(asyncio.create_task(self._database_changed(self._watch)))
                 await asyncio.wait(
@@ -147,15 +156,26 @@ class Worker:
             for task in side:
                 task.cancel()
             await asyncio.gather(*side, return_exceptions=True)
-            try:
-                await asyncio.to_thread(self._db, registry.stopped)
-            except Exception as exc:
-                log.warning("could not record the worker's stop: %s", exc)
+            if not self._left():
+                await self._record_stop()
+        if self._left():
+            return 0
         self.health.set(HealthState.STOPPED, str(self._fatal or ""))
         if self._fatal is not None:
             log.error("worker stopped: %s", self._fatal)
             return 1
         return 0
+
+    def _left(self) -> bool:
+        """Told to leave (and not to stop), and every held shard has ended."""
+        leaving = self._leave is not None and self._leave.is_set() and not self._stop.is_set()
+        return leaving and not self.active and self._fatal is None
+
+    async def _record_stop(self) -> None:
+        try:
+            await asyncio.to_thread(self._db, registry.stopped)
+        except Exception as exc:
+            log.warning("could not record the worker's stop: %s", exc)
 
     def _db(self, action: Callable[..., object], *args: object) -> object:
         with session_scope(self.settings) as session:
@@ -166,6 +186,8 @@ class Worker:
             self._fatal = self.scheduler.failure
             return False
         if self.health.state is not HealthState.READY or time.monotonic() < self._claim_after:
+            return False
+        if self._leave is not None and self._leave.is_set():
             return False
         runs = self.active.values()
         return len(runs) < self.options.max_active_shards and all(r.fed_all.is_set() for r in runs)

@@ -38,9 +38,16 @@ def register(
     session.merge(_row(worker_id, model, now, ready_at=now, configuration=configuration))
 
 
-def loading(session: Session, worker_id: str, model: str, started_at: float) -> None:
-    """The worker's engine is starting (downloading, loading weights, compiling)."""
-    session.merge(_row(worker_id, model, started_at, ready_at=None))
+def loading(
+    session: Session,
+    worker_id: str,
+    model: str,
+    started_at: float,
+    configuration: dict[str, Any] | None = None,
+) -> None:
+    """The worker's engine is starting (downloading, loading weights, compiling);
+    `configuration`: what a switching worker keeps announcing while it loads."""
+    session.merge(_row(worker_id, model, started_at, ready_at=None, configuration=configuration))
 
 
 def _row(
@@ -124,8 +131,16 @@ class LoadingBeat:
     ends before `ready()`, the engine never came up and the row says stopped.
     """
 
-    def __init__(self, settings: Settings, worker_id: str, model: str, every: float) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        worker_id: str,
+        model: str,
+        every: float,
+        configuration: dict[str, Any] | None = None,
+    ) -> None:
         self.settings, self.worker_id, self.model, self.every = settings, worker_id, model, every
+        self.configuration = configuration
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._beat, name="loading-heartbeat", daemon=True)
         self._started = time.time()
@@ -148,7 +163,7 @@ class LoadingBeat:
 
     def _beat(self) -> None:
         while not self._done.is_set():
-            self._write(loading, self.model, self._started)
+            self._write(loading, self.model, self._started, self.configuration)
             self._done.wait(self.every)
 
     def _write(self, action: Callable[..., None], *args: object) -> None:

@@ -33,13 +33,22 @@ class AnnouncedAdapter(BaseModel):
     root: str  # where it was loaded from
 
 
+class StandbyModel(BaseModel):
+    """A model a switching worker (`overnight worker --models`) loads when its queue comes
+    first; its endpoints are known once the worker has held it."""
+
+    name: str
+    endpoints: list[str] | None = None
+
+
 class Announcement(BaseModel):
     """What a ready worker serves: its served names and the endpoints vLLM built for its model,
-    and the LoRA adapters of that model a line may name instead."""
+    the LoRA adapters of that model a line may name instead, and the models it switches to."""
 
     names: list[str]
     endpoints: list[str]
     adapters: list[AnnouncedAdapter] = []
+    standby: list[StandbyModel] = []
 
 
 def announcement_in(configuration: dict[str, Any] | None) -> Announcement | None:

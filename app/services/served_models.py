@@ -2,7 +2,8 @@
 
 A ready worker announces its served names, the endpoints vLLM built for its model and the LoRA
 adapters it serves (`--lora-modules`, and `--lora-dir`'s, loaded on first use) in its `workers`
-row. A name stays served while
+row; a switching worker (`--models`) also the models it loads by demand, announced while it
+loads any of them. A name stays served while
 a worker that served it was seen within `served_model_memory_seconds`, so a batch sent while
 that worker restarts (the old row stopped, the new one still loading) is taken and waits for
 it; a worker still loading counts while its heartbeat is fresh, its endpoints not known yet.
@@ -148,6 +149,9 @@ def _announced(session: Session, settings: Settings) -> Iterator[Servable]:
         yield from (Servable(name, created, list(endpoints)) for name in announcement.names)
         for adapter in announcement.adapters:
             yield Servable(adapter.name, created, list(endpoints), adapter.parent, adapter.root)
+        for standby in announcement.standby:
+            known = None if standby.endpoints is None else list(standby.endpoints)
+            yield Servable(standby.name, created, known)
 
 
 def _in_order(endpoints: set[str]) -> list[str]:

@@ -1,0 +1,178 @@
+"""A worker that switches models by demand (`overnight worker --models A,B`).
+
+The rule is tested alone (when to leave a model), the demand query on both databases (which
+model's work a claim would serve first), and the whole on the real engine: one worker runs a
+SmolLM2 batch and a MiniLM batch, switching between them, never in the middle of a shard.
+"""
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import openai
+import pytest
+
+from app.config import ServedModel, Settings
+from app.db.models import RegisteredWorker
+from app.db.session import session_scope
+from app.endpoints import CHAT, EMBEDDINGS, GENERATIVE, POOLING
+from tests.engine_fixtures import (
+    ENGINE_ARGS,
+    MODEL,
+    deployment,
+    jsonl,
+    line,
+    results,
+    shards_of,
+    start_batch,
+    wait_status,
+)
+from tests.reference_llm import REFERENCE_CHATS
+from worker.claim import models_with_work
+from worker.switching import SWITCHING_KEY, SwitchRule
+
+EMBEDDER = "all-MiniLM-L6-v2"
+
+
+# -- when to leave a model --
+
+
+def test_a_model_with_work_is_held_for_its_residency() -> None:
+    rule = SwitchRule(min_residency=60)
+    leave = rule.should_leave
+    assert not leave("a", ["b", "a"], held_for=59, switch_seconds=10, holding_work=True)
+    assert leave("a", ["b", "a"], held_for=60, switch_seconds=10, holding_work=True)
+    # Loading the next model costs 30 s: hold at least 4x that, so switching stays under 20%.
+    assert not leave("a", ["b", "a"], held_for=110, switch_seconds=30, holding_work=True)
+    assert leave("a", ["b", "a"], held_for=120, switch_seconds=30, holding_work=True)
+
+
+def test_an_idle_model_is_left_at_once_and_a_first_one_kept() -> None:
+    rule = SwitchRule(min_residency=600)
+    leave = rule.should_leave
+    assert leave("a", ["b"], held_for=0, switch_seconds=30, holding_work=False)
+    assert not leave("a", ["a", "b"], held_for=10_000, switch_seconds=0, holding_work=True)
+    assert not leave("a", [], held_for=10_000, switch_seconds=0, holding_work=False)
+
+
+# -- which model's work comes first --
+
+
+def test_models_with_work_come_in_the_order_a_claim_serves_them(
+    client: openai.OpenAI, settings: Settings
+) -> None:
+    chat = [line("c-1", CHAT, {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})]
+    embed = [line("e-1", EMBEDDINGS, {"model": EMBEDDER, "input": "a sentence"})]
+    first = start_batch(client, jsonl(embed), EMBEDDINGS)
+    start_batch(client, jsonl(chat), CHAT)
+    wait_status(client, first, "in_progress")
+    deadline = time.monotonic() + 60
+    while True:  # the second batch validates in the background too
+        with session_scope(settings) as session:
+            found = models_with_work(session, [MODEL, EMBEDDER, "other"], settings.lease_seconds)
+            only_chat = models_with_work(session, [MODEL], settings.lease_seconds)
+        if len(found) == 2 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    # No worker yet: the older batch's model comes first (fair share ties, then age).
+    assert found == [EMBEDDER, MODEL]
+    assert only_chat == [MODEL]
+
+
+# -- one worker, two models, on the real engine --
+
+
+def endpoints_listed(client: openai.OpenAI) -> dict[str, list[str]]:
+    raw = client.get("/models", cast_to=object)
+    assert isinstance(raw, dict)
+    return {m["id"]: m["endpoints"] for m in raw["data"]}
+
+
+def test_sleep_mode_asked_for_where_vllm_has_none_falls_back_to_restarts(
+    models_data_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from worker.cli import parse
+
+    settings = Settings(data_dir=models_data_dir, _env_file=None)  # type: ignore[call-arg]
+    argv = ["--models", f"{MODEL}, {EMBEDDER}", "--enable-sleep-mode", "--max-model-len", "2048"]
+    args, _ = parse(argv, settings)
+    assert list(args.choices) == [MODEL, EMBEDDER]
+    # One --max-model-len, each model at most its own (MiniLM's is 256 tokens).
+    assert [a.max_model_len for a in args.choices.values()] == [2048, 256]
+    assert args.choices[EMBEDDER].runner == "pooling"
+    assert args.enable_sleep_mode is False  # this CPU: vLLM has no sleep mode here
+    assert "a switch restarts the engine" in caplog.text
+
+
+@pytest.mark.engine
+@pytest.mark.backends("sqlite")
+@pytest.mark.parametrize("switch", ["restart", "sleep"])
+def test_one_worker_serves_two_models_switching_between_shards(
+    tmp_path: Path,
+    backend: str,
+    switch: str,
+    smollm2: Path,
+    reference: Callable[[], list[str]],
+) -> None:
+    from vllm.platforms import current_platform
+
+    sleeps = current_platform.is_sleep_mode_available()
+    if switch == "sleep" and not sleeps:
+        pytest.skip("vLLM has no sleep mode on this platform (CPU): switches restart engines")
+    # Only SmolLM2 is listed: MiniLM is served because the worker announces it, unloaded.
+    listed = [ServedModel(name=MODEL, endpoints=list(GENERATIVE), source=str(smollm2))]
+    with deployment(backend, tmp_path / "deployment", models=listed) as running:
+        env: dict[str, str | None] = {
+            "OVERNIGHT_MODELS": json.dumps([m.model_dump() for m in listed])
+        }
+        args = ["--models", f"{MODEL},{EMBEDDER}", "--min-residency", "0"]
+        args += ["--enable-sleep-mode"] if switch == "sleep" else []
+        worker = running.start_worker("switcher", [*args, *ENGINE_ARGS], env)
+        worker.wait_ready()
+        client = running.client()
+        assert EMBEDDER in endpoints_listed(client)
+
+        # SmolLM2 is held and idle: the embeddings batch makes the worker switch.
+        texts = [f"sentence number {i}" for i in range(40)]
+        embeds = [
+            line(f"e-{i}", EMBEDDINGS, {"model": EMBEDDER, "input": t}) for i, t in enumerate(texts)
+        ]
+        embedded = start_batch(client, jsonl(embeds), EMBEDDINGS)
+        batch = wait_status(client, embedded, "completed", "failed", timeout=300)
+        assert batch.status == "completed", worker.tail()
+        for answer in results(client, batch).values():
+            body = answer["response"]["body"]
+            assert body["model"] == EMBEDDER and len(body["data"][0]["embedding"]) == 384
+
+        # Now MiniLM is held and idle: the chat batch brings SmolLM2 back.
+        chats = [
+            line(f"c-{i}", CHAT, {"model": MODEL, **chat, "temperature": 0})
+            for i, chat in enumerate(REFERENCE_CHATS)
+        ]
+        chatted = start_batch(client, jsonl(chats), CHAT)
+        batch = wait_status(client, chatted, "completed", "failed", timeout=300)
+        assert batch.status == "completed", worker.tail()
+        answers = results(client, batch)
+        said = [
+            answers[f"c-{i}"]["response"]["body"]["choices"][0]["message"]["content"]
+            for i in range(len(REFERENCE_CHATS))
+        ]
+        assert said == reference()  # as vLLM's own LLM.chat answers on SmolLM2 alone
+
+        # Never in the middle of a shard: every shard ran once, under one lease.
+        for batch_id in (embedded, chatted):
+            assert {s.attempts for s in shards_of(running.settings, batch_id)} == {1}
+        with session_scope(running.settings) as session:
+            row = session.get(RegisteredWorker, "switcher")
+            assert row is not None and row.model == MODEL
+            shown = (row.engine_configuration or {})[SWITCHING_KEY]
+        assert shown["switches"] == 2 and set(shown["load_seconds"]) == {MODEL, EMBEDDER}
+        # Both models' endpoints are known now, each from the engine that served it.
+        endpoints = endpoints_listed(client)
+        assert endpoints[MODEL] == GENERATIVE and endpoints[EMBEDDER] == POOLING
+        log = worker.tail(1_000_000)
+        if switch == "sleep":
+            assert f"putting {MODEL} to sleep" in log and f"waking {MODEL}" in log
+        else:
+            assert f"stopping {MODEL}'s engine" in log
