@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 
@@ -17,6 +18,7 @@ from app.config import ServedModel, Settings
 from app.db.models import RegisteredWorker
 from app.db.session import session_scope
 from app.endpoints import CHAT, EMBEDDINGS, GENERATIVE, POOLING
+from app.schemas.models import ANNOUNCEMENT_KEY, SWITCHING_KEY, Announcement, StandbyModel
 from tests.engine_fixtures import (
     ENGINE_ARGS,
     MODEL,
@@ -29,8 +31,9 @@ from tests.engine_fixtures import (
     wait_status,
 )
 from tests.reference_llm import REFERENCE_CHATS
+from worker import registry
 from worker.claim import models_with_work
-from worker.switching import SWITCHING_KEY, SwitchRule
+from worker.switching import Switches, SwitchRule
 
 EMBEDDER = "all-MiniLM-L6-v2"
 
@@ -78,6 +81,35 @@ def test_models_with_work_come_in_the_order_a_claim_serves_them(
     # No worker yet: the older batch's model comes first (fair share ties, then age).
     assert found == [EMBEDDER, MODEL]
     assert only_chat == [MODEL]
+
+
+# -- what the API and the dashboard make of a switching worker --
+
+
+def test_a_switching_workers_models_are_served_and_shown(
+    client: openai.OpenAI, http: httpx.Client, settings: Settings
+) -> None:
+    """Its row as the switcher writes it while it loads model-b, model-a held before."""
+    standby = [
+        StandbyModel(name="model-a", endpoints=list(GENERATIVE)),
+        StandbyModel(name="model-b"),
+    ]
+    switches = Switches(["model-a", "model-b"], 60.0, {"model-a": 20.6, "model-b": 13.4}, 1, 13.4)
+    row = {
+        ANNOUNCEMENT_KEY: Announcement(names=[], endpoints=[], standby=standby).model_dump(),
+        SWITCHING_KEY: switches.shown("model-b"),
+    }
+    with session_scope(settings) as session:
+        registry.loading(session, "switcher-1", "model-b", time.time(), row)
+    listed = endpoints_listed(client)
+    assert listed["model-a"] == GENERATIVE and listed["model-b"] == []
+    # model-b's endpoints are not known before it is first held: its batches are taken.
+    body = {"model": "model-b", "input": "a sentence"}
+    batch_id = start_batch(client, jsonl([line("b-1", EMBEDDINGS, body)]), EMBEDDINGS)
+    assert wait_status(client, batch_id, "in_progress", "failed").status == "in_progress"
+    page = http.get("/dashboard/workers/switcher-1").text
+    assert "holds model-b of model-a, model-b by demand; 1 switch, 13s switching" in page
+    assert "loads in model-a 21s, model-b 13s" in page
 
 
 # -- one worker, two models, on the real engine --

@@ -22,7 +22,7 @@ from typing import Any
 
 from app.config import Settings
 from app.db.session import one_statement_scope, upgrade
-from app.schemas.models import ANNOUNCEMENT_KEY, Announcement, StandbyModel
+from app.schemas.models import ANNOUNCEMENT_KEY, SWITCHING_KEY, Announcement, StandbyModel
 from worker.claim import models_with_work
 from worker.engine import VllmEngine
 from worker.engine_slot import EngineSlot
@@ -37,8 +37,6 @@ log = logging.getLogger("overnight.worker")
 SWITCH_SHARE = 0.2
 # How often the worker looks whether another model's work should come first.
 DEMAND_POLL_SECONDS = 1.0
-# Where the worker's row shows its models and what switching cost (dashboard, planner).
-SWITCHING_KEY = "switching"
 
 
 @dataclass(frozen=True)

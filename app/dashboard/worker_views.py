@@ -11,7 +11,7 @@ import orjson
 from app.dashboard.display import DASH, Row, fmt_duration, fmt_time
 from app.db.models import RegisteredWorker, Shard
 from app.schemas.admin import WorkerState
-from app.schemas.models import announcement_in
+from app.schemas.models import SWITCHING_KEY, announcement_in
 from app.services.fleet import SERVING_STATES, Fleet
 from app.services.monitoring import WorkerView
 from app.services.online_usage import UsageRow
@@ -36,11 +36,27 @@ def worker_row(view: WorkerView) -> Row:
 
 
 def _serves(w: RegisteredWorker) -> Row:
-    """The names a worker serves and their endpoints, as its row announces them."""
+    """The names a worker serves and their endpoints, as its row announces them, and for a
+    switching worker the models it switches between."""
     served = announcement_in(w.engine_configuration)
-    if served is None:
-        return {"model": w.model, "endpoints": DASH}
-    return {"model": ", ".join(served.names), "endpoints": ", ".join(served.endpoints) or DASH}
+    switches = _switches((w.engine_configuration or {}).get(SWITCHING_KEY))
+    if served is None or not served.names:
+        return {"model": w.model, "endpoints": DASH, "switches": switches}
+    names, endpoints = ", ".join(served.names), ", ".join(served.endpoints) or DASH
+    return {"model": names, "endpoints": endpoints, "switches": switches}
+
+
+def _switches(shown: dict[str, Any] | None) -> str:
+    """`--models`: which it holds of which, how often it switched and what loading costs."""
+    if not shown:
+        return DASH
+    loads = ", ".join(f"{m} {fmt_duration(s)}" for m, s in shown["load_seconds"].items())
+    return (
+        f"holds {shown['holding']} of {', '.join(shown['models'])} by demand; "
+        f"{shown['switches']} switch{'' if shown['switches'] == 1 else 'es'}, "
+        f"{fmt_duration(shown['switch_seconds'])} switching; "
+        f"loads in {loads or DASH}"
+    )
 
 
 def uptime(view: WorkerView, now: float) -> str:

@@ -6,6 +6,8 @@ from pydantic import BaseModel, ValidationError
 
 # Where a worker's announcement sits in its `workers` row's `engine_configuration`.
 ANNOUNCEMENT_KEY = "served"
+# ... and a switching worker's models and what switching has cost (`worker.switching`).
+SWITCHING_KEY = "switching"
 
 
 class ModelObject(BaseModel):
