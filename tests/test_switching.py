@@ -13,12 +13,17 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from sqlalchemy import select
 
 from app.config import ServedModel, Settings
-from app.db.models import RegisteredWorker
+from app.core.schedule import Order
+from app.core.states import BatchStatus
+from app.core.switching import SwitchRule, wait_for
+from app.db.models import Batch, RegisteredWorker
 from app.db.session import session_scope
 from app.endpoints import CHAT, EMBEDDINGS, GENERATIVE, POOLING
 from app.schemas.models import ANNOUNCEMENT_KEY, SWITCHING_KEY, Announcement, StandbyModel
+from app.services import schedule
 from tests.engine_fixtures import (
     ENGINE_ARGS,
     MODEL,
@@ -31,9 +36,10 @@ from tests.engine_fixtures import (
     wait_status,
 )
 from tests.reference_llm import REFERENCE_CHATS
+from tests.test_scheduling import _batch
 from worker import registry
 from worker.claim import models_with_work
-from worker.switching import Switches, SwitchRule
+from worker.switching import Switches
 
 EMBEDDER = "all-MiniLM-L6-v2"
 
@@ -81,6 +87,42 @@ def test_models_with_work_come_in_the_order_a_claim_serves_them(
     # No worker yet: the older batch's model comes first (fair share ties, then age).
     assert found == [EMBEDDER, MODEL]
     assert only_chat == [MODEL]
+
+
+def test_the_wait_for_a_model_not_held_is_the_residency_left_and_its_load() -> None:
+    shown = Switches(["a", "b", "c"], 60.0, {"a": 20.0, "b": 10.0}).shown("a")
+    assert wait_for(shown, "a", held_for=5, holding_work=True) == 0.0
+    assert wait_for(shown, "b", held_for=5, holding_work=True) == 55 + 10
+    assert wait_for(shown, "b", held_for=5, holding_work=False) == 10
+    # c never loaded: the dearest measured load stands for it; a residency of 4 x 20 s.
+    assert wait_for(shown, "c", held_for=5, holding_work=True) == 75 + 20
+    assert wait_for(shown, "d", held_for=5, holding_work=False) is None
+
+
+def test_the_planner_expects_a_model_when_a_switching_worker_would_load_it(
+    settings: Settings,
+) -> None:
+    """model-b ran at 2 work/s half an hour ago; no worker runs it now, a switching worker
+    holding the idle model-a would load it in 10 s."""
+    now = time.time()
+    ended = _batch(settings, "p", 0, model="model-b")
+    waiting = _batch(settings, "p", 4, model="model-b")
+    with session_scope(settings) as session:
+        batch = session.scalars(select(Batch).where(Batch.id == ended)).one()
+        batch.status, batch.completed_at = BatchStatus.COMPLETED, int(now - 1790)
+        batch.total = batch.completed = batch.work_done = 40
+        batch.throughput = [(now - 1800, 2.0), (now - 1790, 2.0)]
+        estimates = {e.batch_id: e for e in schedule.replan(session, Order.FAIR, now)}
+    assert waiting not in estimates  # no worker serves model-b: no estimate
+    loads = {"model-a": 30.0, "model-b": 10.0}
+    shown = Switches(["model-a", "model-b"], 60.0, loads).shown("model-a")
+    with session_scope(settings) as session:
+        registry.register(session, "switcher", "model-a", {SWITCHING_KEY: shown})
+    with session_scope(settings) as session:
+        estimates = {e.batch_id: e for e in schedule.replan(session, Order.FAIR, now)}
+    # 4 requests of work 1 each at 2/s, after the 10 s load.
+    assert estimates[waiting].start_at == pytest.approx(now + 10, abs=0.01)
+    assert estimates[waiting].finish_at == pytest.approx(now + 12, abs=0.01)
 
 
 # -- what the API and the dashboard make of a switching worker --

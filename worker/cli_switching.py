@@ -86,8 +86,9 @@ async def serve_models(
     health: Health,
     stop: asyncio.Event,
 ) -> int:
+    from app.core.switching import SwitchRule
     from worker.loop import WorkerOptions
-    from worker.switching import Switcher, SwitchRule
+    from worker.switching import Switcher
 
     options = WorkerOptions(
         worker_id=worker_id,

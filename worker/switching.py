@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.config import Settings
+from app.core.switching import SwitchRule, load_cost
 from app.db.session import one_statement_scope, upgrade
 from app.schemas.models import ANNOUNCEMENT_KEY, SWITCHING_KEY, Announcement, StandbyModel
 from worker.claim import models_with_work
@@ -33,32 +34,8 @@ from worker.registry import LoadingBeat
 
 log = logging.getLogger("overnight.worker")
 
-# Switching may take at most this share of a worker's time.
-SWITCH_SHARE = 0.2
 # How often the worker looks whether another model's work should come first.
 DEMAND_POLL_SECONDS = 1.0
-
-
-@dataclass(frozen=True)
-class SwitchRule:
-    min_residency: float
-
-    def residency(self, switch_seconds: float) -> float:
-        """How long a model is held at least while it still has work."""
-        return max(self.min_residency, switch_seconds * (1 - SWITCH_SHARE) / SWITCH_SHARE)
-
-    def should_leave(
-        self,
-        held: str,
-        queued: list[str],
-        held_for: float,
-        switch_seconds: float,
-        holding_work: bool,
-    ) -> bool:
-        """`queued`: the models with claimable work, the one to serve first first."""
-        if not queued or queued[0] == held:
-            return False
-        return not holding_work or held_for >= self.residency(switch_seconds)
 
 
 @dataclass
@@ -72,8 +49,7 @@ class Switches:
     seconds: float = 0.0
 
     def cost_of(self, model: str) -> float:
-        """The last measured load of `model`, else the dearest one measured (0 before any)."""
-        return self.load_seconds.get(model, max(self.load_seconds.values(), default=0.0))
+        return load_cost(self.load_seconds, model)
 
     def shown(self, holding: str) -> dict[str, Any]:
         return {

@@ -4,7 +4,8 @@ The claim itself (`worker/claim.py`) only reads what is kept here: each project'
 model (`project_shares.vtime`, work served / weight), each batch's clock inside its project
 (`batches.vtime`) and the planner's verdict `batches.urgent_deadline`. Checkpoints move the
 clocks (`record_work`); `admit` sets them when a batch starts; `replan` runs in the API's
-housekeeping and writes every open batch's estimated start and finish.
+housekeeping and writes every open batch's estimated start and finish (a model no worker
+runs now starts when a switching worker would load it, `app.core.switching`).
 """
 
 import time
@@ -17,15 +18,21 @@ from sqlalchemy.orm import Session
 
 from app.core.schedule import Demand, Estimate, Order, plan, recorded_speed
 from app.core.states import TERMINAL_BATCH_STATUSES, BatchStatus
+from app.core.switching import wait_for
 from app.db import upsert
-from app.db.models import Batch, Project, ProjectShare, Shard
+from app.db.models import Batch, Project, ProjectShare, RegisteredWorker, Shard
 from app.errors import not_found
 from app.schemas.admin import ProjectObject, ScheduledBatchObject
+from app.schemas.models import SWITCHING_KEY
 from app.services.auth import find_project
 from app.services.result_series import recent_results
 
 # A model's speed is the work its workers finished over this many seconds.
 SPEED_WINDOW_SECONDS = 60.0
+# A model a switching worker may load runs at the speed it had over this window.
+SWITCHED_SPEED_WINDOW_SECONDS = 3600.0
+# A switching worker counts for the plan while its heartbeat is this fresh.
+SWITCHING_WORKER_SEEN_SECONDS = 60.0
 # A batch's row is rewritten only when its estimate moved by more than this (or a flag did).
 ETA_TOLERANCE_SECONDS = 1.0
 
@@ -117,15 +124,38 @@ def set_weight(session: Session, name_or_id: str, weight: float) -> ProjectObjec
 # -- the planner --
 
 
-def _speeds(session: Session, now: float) -> dict[str, float]:
+def _speeds(session: Session, now: float, window: float = SPEED_WINDOW_SECONDS) -> dict[str, float]:
     """Work per second each model's workers finished over the last window, the work of
     batches that ended in it included."""
     recorded: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    for result in recent_results(session, now - SPEED_WINDOW_SECONDS):
+    for result in recent_results(session, now - window):
         if result.model is not None:
             recorded[result.model].append((float(result.at), float(result.work)))
     speeds = {model: recorded_speed(records) for model, records in recorded.items()}
     return {model: speed for model, speed in speeds.items() if speed > 0}
+
+
+def _switched_to(
+    session: Session, models: list[str], speeds: dict[str, float], now: float
+) -> dict[str, tuple[float, float]]:
+    """For models no worker runs now but a switching worker may load: the speed they ran at
+    over the last hour, and when the soonest such worker would start them."""
+    soonest: dict[str, float] = {}
+    workers = select(RegisteredWorker.engine_configuration, RegisteredWorker.ready_at).where(
+        RegisteredWorker.stopped_at.is_(None),
+        RegisteredWorker.heartbeat_at >= now - SWITCHING_WORKER_SEEN_SECONDS,
+    )
+    for configuration, ready_at in session.execute(workers) if models else ():
+        shown = (configuration or {}).get(SWITCHING_KEY)
+        if shown is None:
+            continue
+        held_for, busy = now - (ready_at or now), speeds.get(shown["holding"], 0.0) > 0
+        for model in models:
+            wait = wait_for(shown, model, held_for, busy)
+            if wait is not None:
+                soonest[model] = min(soonest.get(model, wait), wait)
+    known = _speeds(session, now, SWITCHED_SPEED_WINDOW_SECONDS) if soonest else {}
+    return {m: (known[m], now + wait) for m, wait in soonest.items() if m in known}
 
 
 def _open_batches(session: Session) -> list[Any]:
@@ -184,9 +214,11 @@ def replan(session: Session, order: Order, now: float | None = None) -> list[Est
     by_model: dict[str, list[Any]] = defaultdict(list)
     for row in _open_batches(session):
         by_model[row.model].append(row)
+    waiting = _switched_to(session, [m for m in by_model if m not in speeds], speeds, now)
     estimates: list[Estimate] = []
     for model, rows in by_model.items():
-        estimates += plan(_demands(rows), order, speeds.get(model, 0.0), now)
+        speed, start = waiting.get(model, (speeds.get(model, 0.0), now))
+        estimates += plan(_demands(rows), order, speed, start)
     _store(session, estimates, {r.id: r for rows in by_model.values() for r in rows}, now)
     return estimates
 
