@@ -166,19 +166,22 @@ def overview(session: Session, stats: Stats) -> dict[str, Any]:
     return found
 
 
-def file_preview(session: Session, storage: Storage, file_id: str) -> Row:
+def _owner_of(session: Session, file_id: str) -> str:
+    """The project of any file the dashboard names, or a 404."""
     owner = monitoring.file_owner(session, file_id)
     if owner is None:
         raise not_found("File", file_id)
+    return owner
+
+
+def file_preview(session: Session, storage: Storage, file_id: str) -> Row:
+    owner = _owner_of(session, file_id)
     return project_views.preview(preview_file(session, storage, owner, file_id))
 
 
 def delete_any_file(session: Session, file_id: str) -> str:
     """Deletes a file of any project (the dashboard is an admin's), as the API's DELETE does."""
-    owner = monitoring.file_owner(session, file_id)
-    if owner is None:
-        raise not_found("File", file_id)
-    return file_expiry.delete_file(session, owner, file_id).id
+    return file_expiry.delete_file(session, _owner_of(session, file_id), file_id).id
 
 
 def files_page(session: Session, project: str, purpose: str) -> dict[str, Any]:
@@ -206,8 +209,5 @@ def keys_page(session: Session, settings: Settings) -> dict[str, Any]:
 def open_any_file(
     session: Session, storage: Storage, file_id: str
 ) -> tuple[str, int, Iterator[bytes]]:
-    owner = monitoring.file_owner(session, file_id)
-    if owner is None:
-        raise not_found("File", file_id)
-    row, chunks = open_file_content(session, storage, owner, file_id)
+    row, chunks = open_file_content(session, storage, _owner_of(session, file_id), file_id)
     return row.filename, row.bytes, chunks
