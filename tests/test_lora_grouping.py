@@ -287,3 +287,45 @@ def test_a_repo_is_listed_from_the_hub_or_offline_from_the_cache(tmp_path: Path)
     # Offline, the cached snapshot is listed: the adapters downloaded so far.
     offline = _in_child(hub, "acme/loras", "acme/loras/math")
     assert offline == {"names": ["acme/loras/math"], "fetched": [str(fetched)]}
+
+
+# The same worker's view over several listings: a line on stdin asks for the next one.
+_RELIST = """
+import json, sys
+from worker.adapter_repo import RepoSource
+source = RepoSource(sys.argv[1], relist_seconds=0)
+for _ in sys.stdin:
+    print(json.dumps(sorted(a.name for a in source.found)), flush=True)
+    source.scan()
+"""
+
+
+def test_a_repo_is_listed_again_and_keeps_its_adapters_when_the_hub_is_away(
+    tmp_path: Path,
+) -> None:
+    repo = tmp_path / "repo"
+    adapter_folder(repo, "math", MODEL)
+    hub = {"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "0"}
+    with hub_mirror({"acme/loras": repo}) as mirror:
+        command = [sys.executable, "-c", _RELIST, "acme/loras"]
+        env = child_env({**hub, "HF_ENDPOINT": mirror.url})
+        with subprocess.Popen(
+            command, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO
+        ) as child:
+            assert child.stdin is not None and child.stdout is not None
+
+            def listing() -> list[str]:
+                assert child.stdin is not None and child.stdout is not None
+                child.stdin.write("\n")
+                child.stdin.flush()
+                return list(json.loads(child.stdout.readline()))
+
+            assert listing() == ["acme/loras/math"]
+            adapter_folder(repo, "chat", MODEL)  # pushed to the repo after the worker started
+            listing()  # the scan after this listing sees it
+            assert listing() == ["acme/loras/chat", "acme/loras/math"]
+            del mirror.repos["acme/loras"]  # the hub no longer answers for it: 404
+            listing()
+            assert listing() == ["acme/loras/chat", "acme/loras/math"]
+            child.stdin.close()
+            assert child.wait(timeout=60) == 0

@@ -2,14 +2,16 @@
 
 As vLLM's own hub resolver (`vllm/plugins/lora_resolvers/hf_hub_resolver.py`) names them:
 the repo itself, if it holds `adapter_config.json` at its root, is served as `ORG/NAME`,
-and each folder holding one as `ORG/NAME/SUB`. The repo is listed once, at worker start
-(from the Hugging Face cache under HF_HUB_OFFLINE); an adapter's files are downloaded into
-the cache when a line first names it, then loaded as `--lora-dir`'s are (`worker.adapters`).
+and each folder holding one as `ORG/NAME/SUB`. The repo is listed at worker start and every
+five minutes after (from the Hugging Face cache under HF_HUB_OFFLINE); an adapter's files
+are downloaded into the cache when a line first names it, then loaded as `--lora-dir`'s are
+(`worker.adapters`).
 HF_ENDPOINT, HF_TOKEN, HF_HOME and HF_HUB_OFFLINE apply as to the worker's model.
 """
 
 import logging
 import posixpath
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +19,9 @@ from pathlib import Path
 from worker.adapters import ADAPTER_CONFIG
 
 log = logging.getLogger("overnight.worker")
+
+# How often a `--lora-repo` is listed again, for adapters added to or removed from the repo.
+REPO_RELIST_SECONDS = 300.0
 
 
 @dataclass(frozen=True)
@@ -90,22 +95,31 @@ def _cached_snapshot(repo: str) -> Path:
 
 
 class RepoSource:
-    """`--lora-repo`'s adapters: listed once, at start; a repo that cannot be listed serves
-    none (a warning says why) while the worker serves everything else."""
+    """`--lora-repo`'s adapters: listed at start, then again every `relist_seconds` (a
+    heartbeat would ask the hub too often). A repo that cannot be listed at start serves none
+    (a warning says why) while the worker serves everything else; one that cannot be listed
+    again keeps the adapters it had."""
 
-    def __init__(self, repo: str) -> None:
-        self.repo = repo
-        self.found = self._list()
+    def __init__(self, repo: str, relist_seconds: float = REPO_RELIST_SECONDS) -> None:
+        self.repo, self.relist_seconds = repo, relist_seconds
+        self.found = self._list() or []
+        self._listed_at = time.monotonic()
 
-    def _list(self) -> list[RepoAdapter]:
+    def _list(self) -> list[RepoAdapter] | None:
         try:
             found = adapters_in(self.repo, repo_files(self.repo))
         except Exception as exc:  # huggingface_hub's HTTP, cache and offline errors alike
-            log.warning("--lora-repo %s cannot be listed, not served: %s", self.repo, exc)
-            return []
+            log.warning("--lora-repo %s cannot be listed: %s", self.repo, exc)
+            return None
         if not found:
             log.warning("--lora-repo %s holds no %s", self.repo, ADAPTER_CONFIG)
         return found
 
     def scan(self) -> None:
-        """A hub repo is not listed again at each heartbeat."""
+        """List the repo again once `relist_seconds` have passed since the last listing."""
+        if time.monotonic() - self._listed_at < self.relist_seconds:
+            return
+        self._listed_at = time.monotonic()
+        found = self._list()
+        if found is not None:
+            self.found = found

@@ -236,9 +236,13 @@ class LoraAdapters:
             return False
         gone = self.adapters.keys() - now.keys()
         added = sorted(now.keys() - self.adapters.keys())
-        log.info("LoRA adapters added %s, removed %s", added, sorted(gone))
+        # An adapter whose files changed (a repo's new commit) is loaded anew when next named.
+        changed = {n for n in now.keys() & self.adapters.keys() if now[n] != self.adapters[n]}
+        log.info(
+            "LoRA adapters added %s, removed %s, changed %s", added, sorted(gone), sorted(changed)
+        )
         self.adapters = now
-        for name in gone:
+        for name in gone | changed:
             await self._forget(name)
         return True
 
