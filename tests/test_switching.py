@@ -2,10 +2,12 @@
 
 The rule is tested alone (when to leave a model), the demand query on both databases (which
 model's work a claim would serve first), and the whole on the real engine: one worker runs a
-SmolLM2 batch and a MiniLM batch, switching between them, never in the middle of a shard.
+SmolLM2 batch and a MiniLM batch, switching between them, never in the middle of a shard,
+and goes on serving them when a third model's engine cannot start.
 """
 
 import json
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -42,6 +44,7 @@ from worker.claim import models_with_work
 from worker.switching import Switches
 
 EMBEDDER = "all-MiniLM-L6-v2"
+BROKEN = "broken-embedder"
 
 
 # -- when to leave a model --
@@ -182,7 +185,7 @@ def test_sleep_mode_asked_for_where_vllm_has_none_falls_back_to_restarts(
 @pytest.mark.engine
 @pytest.mark.backends("sqlite")
 @pytest.mark.parametrize("switch", ["restart", "sleep"])
-def test_one_worker_serves_two_models_switching_between_shards(
+def test_one_worker_serves_several_models_switching_between_shards(
     tmp_path: Path,
     backend: str,
     switch: str,
@@ -194,20 +197,40 @@ def test_one_worker_serves_two_models_switching_between_shards(
     sleeps = current_platform.is_sleep_mode_available()
     if switch == "sleep" and not sleeps:
         pytest.skip("vLLM has no sleep mode on this platform (CPU): switches restart engines")
-    # Only SmolLM2 is listed: MiniLM is served because the worker announces it, unloaded.
-    listed = [ServedModel(name=MODEL, endpoints=list(GENERATIVE), source=str(smollm2))]
+    import torch
+    from safetensors.torch import save_file
+
+    from worker.models import minilm_dir
+
+    # MiniLM's config with none of its weights: its engine fails to start (at weight loading).
+    broken = shutil.copytree(minilm_dir(), tmp_path / "broken")
+    save_file({"unrelated": torch.zeros(1)}, str(broken / "model.safetensors"))
+    # MiniLM is not listed: it is served because the worker announces it, unloaded.
+    listed = [
+        ServedModel(name=MODEL, endpoints=list(GENERATIVE), source=str(smollm2)),
+        ServedModel(name=BROKEN, endpoints=list(POOLING), source=str(broken)),
+    ]
     with deployment(backend, tmp_path / "deployment", models=listed) as running:
         env: dict[str, str | None] = {
             "OVERNIGHT_MODELS": json.dumps([m.model_dump() for m in listed])
         }
-        args = ["--models", f"{MODEL},{EMBEDDER}", "--min-residency", "0"]
+        args = ["--models", f"{MODEL},{EMBEDDER},{BROKEN}", "--min-residency", "0"]
         args += ["--enable-sleep-mode"] if switch == "sleep" else []
         worker = running.start_worker("switcher", [*args, *ENGINE_ARGS], env)
         worker.wait_ready()
         client = running.client()
         assert EMBEDDER in endpoints_listed(client)
 
-        # SmolLM2 is held and idle: the embeddings batch makes the worker switch.
+        # SmolLM2 is held and idle: a batch for the broken model makes the worker try it;
+        # its engine fails, the model is paused, its batch waits and SmolLM2 is not lost.
+        body = {"model": BROKEN, "input": "never embedded"}
+        waiting = start_batch(client, jsonl([line("b-1", EMBEDDINGS, body)]), EMBEDDINGS)
+        deadline = time.monotonic() + 300
+        while f"could not load {BROKEN}" not in worker.tail(1_000_000):
+            assert time.monotonic() < deadline and worker.process.poll() is None, worker.tail()
+            time.sleep(0.5)
+
+        # The embeddings batch makes the worker load MiniLM.
         texts = [f"sentence number {i}" for i in range(40)]
         embeds = [
             line(f"e-{i}", EMBEDDINGS, {"model": EMBEDDER, "input": t}) for i, t in enumerate(texts)
@@ -234,6 +257,7 @@ def test_one_worker_serves_two_models_switching_between_shards(
         ]
         assert said == reference()  # as vLLM's own LLM.chat answers on SmolLM2 alone
 
+        assert client.batches.retrieve(waiting).status == "in_progress"
         # Never in the middle of a shard: every shard ran once, under one lease.
         for batch_id in (embedded, chatted):
             assert {s.attempts for s in shards_of(running.settings, batch_id)} == {1}
@@ -241,6 +265,7 @@ def test_one_worker_serves_two_models_switching_between_shards(
             row = session.get(RegisteredWorker, "switcher")
             assert row is not None and row.model == MODEL
             shown = (row.engine_configuration or {})[SWITCHING_KEY]
+        # SmolLM2 → MiniLM → SmolLM2 (the failed start is no switch).
         assert shown["switches"] == 2 and set(shown["load_seconds"]) == {MODEL, EMBEDDER}
         # Both models' endpoints are known now, each from the engine that served it.
         endpoints = endpoints_listed(client)

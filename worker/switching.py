@@ -10,7 +10,8 @@ what loading the next model last cost, so that switching takes at most a fifth o
 It never leaves in the middle of a shard: it stops claiming, finishes the shards it holds,
 then switches (`worker.engine_slot`: vLLM's sleep mode where the platform has it, else a
 restart). Its `workers` row announces every model it may hold, so batches for any of them
-are accepted while another is loaded.
+are accepted while another is loaded. A model whose engine fails to start (out of memory,
+broken weights) is paused for five minutes while the others are served: its batches wait.
 """
 
 import argparse
@@ -36,6 +37,8 @@ log = logging.getLogger("overnight.worker")
 
 # How often the worker looks whether another model's work should come first.
 DEMAND_POLL_SECONDS = 1.0
+# A model whose engine failed to start is not tried again for this long.
+FAILED_LOAD_PAUSE_SECONDS = 300.0
 
 
 @dataclass
@@ -79,33 +82,62 @@ class Switcher:
         self.switches = Switches(list(choices), rule.min_residency)
         self._endpoints: dict[str, list[str]] = {}
         self._next: str | None = None
+        self._paused: dict[str, float] = {}  # model → until when it is not tried (monotonic)
+        self._last_held: str | None = None
 
     async def run(self, stop: asyncio.Event) -> int:
         if not await until_database(self.health, stop, upgrade, self.settings.sqlalchemy_url):
             self.health.set(HealthState.STOPPED)
             return 0
         queued = await asyncio.to_thread(self._queued)
-        held = queued[0] if queued else next(iter(self.choices))
+        held = queued[0] if queued else self._servable()[0]
         try:
-            while True:
-                engine = await self._hold(held)
+            while not stop.is_set():
+                try:
+                    engine = await self._hold(held)
+                except Exception as exc:  # whatever vLLM raises for an engine that cannot start
+                    if not self._pause(held, exc):
+                        return 1
+                    queued = await asyncio.to_thread(self._queued)
+                    held = queued[0] if queued else self._servable()[0]
+                    continue
                 code = await self._work(engine, held, stop)
                 if code or stop.is_set():
                     return code
                 queued = await asyncio.to_thread(self._queued)
                 held = queued[0] if queued else self._next or held
+            return 0
         finally:
             await self.slot.close()
+
+    def _servable(self) -> list[str]:
+        """The models not paused after a failed start."""
+        now = time.monotonic()
+        return [m for m in self.choices if self._paused.get(m, 0.0) <= now]
+
+    def _pause(self, model: str, error: Exception) -> bool:
+        """A model whose engine failed to start is not tried again for a while: its batches
+        wait, the other models are served. False when no model is left to serve."""
+        log.error(
+            "could not load %s (%s): serving the other models, %s again in %.0f s",
+            model,
+            error,
+            model,
+            FAILED_LOAD_PAUSE_SECONDS,
+            exc_info=error,
+        )
+        self._paused[model] = time.monotonic() + FAILED_LOAD_PAUSE_SECONDS
+        return bool(self._servable())
 
     def _queued(self) -> list[str]:
         with one_statement_scope(self.settings) as session:
             return models_with_work(
-                session, list(self.choices), self.settings.lease_seconds, self.settings.scheduler
+                session, self._servable(), self.settings.lease_seconds, self.settings.scheduler
             )
 
     async def _hold(self, model: str) -> VllmEngine:
         """Load (or wake) `model`, announcing every model meanwhile; learn what it cost."""
-        switching = self.slot.held is not None and self.slot.held != model
+        switching = self._last_held not in (None, model)
         if self.slot.held != model:
             self.health.set(HealthState.STARTING, f"loading {model}")
         started = time.monotonic()
@@ -117,6 +149,7 @@ class Switcher:
             engine = await self.slot.hold(model, self.choices[model])
             beat.ready()
         took = time.monotonic() - started
+        self._last_held = model
         if switching:
             self.switches.count += 1
             self.switches.seconds += took
