@@ -89,8 +89,7 @@ class Switcher:
         if not await until_database(self.health, stop, upgrade, self.settings.sqlalchemy_url):
             self.health.set(HealthState.STOPPED)
             return 0
-        queued = await asyncio.to_thread(self._queued)
-        held = queued[0] if queued else self._servable()[0]
+        held = await self._first(self._servable()[0])
         try:
             while not stop.is_set():
                 try:
@@ -98,17 +97,25 @@ class Switcher:
                 except Exception as exc:  # whatever vLLM raises for an engine that cannot start
                     if not self._pause(held, exc):
                         return 1
-                    queued = await asyncio.to_thread(self._queued)
-                    held = queued[0] if queued else self._servable()[0]
+                    held = await self._first(self._servable()[0])
                     continue
                 code = await self._work(engine, held, stop)
                 if code or stop.is_set():
                     return code
-                queued = await asyncio.to_thread(self._queued)
-                held = queued[0] if queued else self._next or held
+                held = await self._first(self._next or held)
             return 0
         finally:
             await self.slot.close()
+
+    async def _first(self, otherwise: str) -> str:
+        """The model whose work comes first; `otherwise` when none has work, or while the
+        database is away (the worker waits the outage out once it works)."""
+        try:
+            queued = await asyncio.to_thread(self._queued)
+        except Exception as exc:
+            log.warning("could not read the models' queues: %s", exc)
+            return otherwise
+        return queued[0] if queued else otherwise
 
     def _servable(self) -> list[str]:
         """The models not paused after a failed start."""
