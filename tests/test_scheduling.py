@@ -493,6 +493,7 @@ def test_claim_plan_is_an_index_scan_at_100000_shards(
     scans = [line for line in plan_text.splitlines() if "Scan" in line]
     assert any("Index Scan using ix_shards_claim" in line for line in scans), plan_text
     assert any("ix_batches_running" in line for line in scans), plan_text
+    assert not lora or any("using pk_shard_adapters" in line for line in scans), plan_text
     assert not [
         line
         for line in scans

@@ -30,6 +30,7 @@ from sqlalchemy import (
     case,
     exists,
     func,
+    literal,
     literal_column,
     or_,
     select,
@@ -75,11 +76,22 @@ def _batch_order(order: Order) -> list[Any]:
 
 
 def _needs_load() -> ColumnElement[bool]:
-    """The shard names an adapter the worker has not loaded (`loaded`: those it has)."""
-    return exists().where(
-        ShardAdapter.shard_id == Shard.id,
-        ShardAdapter.name.not_in(bindparam("loaded", expanding=True)),
+    """The shard names an adapter the worker has not loaded (`loaded`: those it has).
+
+    A scalar subquery, not `EXISTS`: PostgreSQL turns an `EXISTS` outside the WHERE clause
+    into a hashed scan of every `shard_adapters` row; this stays one primary-key probe per
+    shard of the top batches.
+    """
+    unloaded = (
+        select(literal(1))
+        .where(
+            ShardAdapter.shard_id == Shard.id,
+            ShardAdapter.name.not_in(bindparam("loaded", expanding=True)),
+        )
+        .limit(1)
+        .scalar_subquery()
     )
+    return unloaded.is_not(None)
 
 
 def _candidates(order: Order, lora: bool) -> Select[Any]:
