@@ -99,10 +99,10 @@ def _instrument(stats: WorkerStats, counting: asyncio.Event) -> None:
     claim, checkpoint, finalize = Worker._claim, ShardRun._checkpoint, Worker._finalize_now
     take = Worker._take_shard
 
-    def timed_take(self: Worker) -> Any:
+    def timed_take(self: Worker, *args: Any) -> Any:
         start, cpu = time.perf_counter(), time.thread_time()
         try:
-            return take(self)
+            return take(self, *args)
         finally:
             if counting.is_set():
                 spent = (time.perf_counter() - start, time.thread_time() - cpu)
@@ -139,7 +139,7 @@ def _instrument(stats: WorkerStats, counting: asyncio.Event) -> None:
 async def _worker_main(args: argparse.Namespace) -> int:
     from app.config import get_settings
     from tests.fake_engine import FakeEngine
-    from worker.health import WorkerState
+    from worker.health import HealthState
     from worker.loop import Worker, WorkerOptions, install_signal_handlers
 
     settings = get_settings()
@@ -168,7 +168,7 @@ async def _worker_main(args: argparse.Namespace) -> int:
         # Registered and polling before the load exists: `.ready` after one poll interval.
         counter = asyncio.create_task(start_counting())
         running = asyncio.create_task(worker.run(stop))
-        while worker.health.state is not WorkerState.READY and not running.done():
+        while worker.health.state is not HealthState.READY and not running.done():
             await asyncio.sleep(0.005)
         await asyncio.sleep(settings.worker_poll_seconds)
         ready.touch()

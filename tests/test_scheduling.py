@@ -406,7 +406,8 @@ def estimates_shown(client: openai.OpenAI, batch_id: str) -> Iterator[list[tuple
 
 
 def fill_queue(engine: Engine, batches: int, shards_per_batch: int, finished: int) -> None:
-    """`batches` running batches of pending shards from 5 projects, after `finished` done ones."""
+    """`batches` running batches of pending shards from 5 projects, after `finished` done ones;
+    every third shard names a LoRA adapter."""
     now = int(time.time())
     total = batches + finished
     with engine.begin() as conn:
@@ -456,6 +457,8 @@ def fill_queue(engine: Engine, batches: int, shards_per_batch: int, finished: in
             ),
             {"per": shards_per_batch, "finished": finished, "shards": batches * shards_per_batch},
         )
+        # A LoRA adapter named by every third shard (what a LoRA worker's claim reads).
+        conn.execute(text("INSERT INTO shard_adapters SELECT id, 'b' FROM shards WHERE id % 3 = 0"))
         conn.execute(text("ANALYZE"))
 
 
@@ -470,10 +473,14 @@ def big_queue(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
         engine.dispose()
 
 
+@pytest.mark.parametrize("lora", [False, True], ids=["plain", "lora"])
 @pytest.mark.parametrize("order", list(Order))
-def test_claim_plan_is_an_index_scan_at_100000_shards(big_queue: Engine, order: Order) -> None:
-    statement = claim.claim_statement(order)
-    params = claim.claim_params("w", [MODEL], LEASE)
+def test_claim_plan_is_an_index_scan_at_100000_shards(
+    big_queue: Engine, order: Order, lora: bool
+) -> None:
+    # With LoRA the claim also orders the top batches' shards by their adapters.
+    statement = claim.claim_statement(order, lora)
+    params = claim.claim_params("w", [MODEL], LEASE, {"a"} if lora else None)
     with big_queue.connect() as conn:
         expanded = statement.compile(conn).construct_expanded_state(params)
         rows = conn.exec_driver_sql("EXPLAIN " + expanded.statement, expanded.parameters).all()
@@ -486,9 +493,10 @@ def test_claim_plan_is_an_index_scan_at_100000_shards(big_queue: Engine, order: 
     scans = [line for line in plan_text.splitlines() if "Scan" in line]
     assert any("Index Scan using ix_shards_claim" in line for line in scans), plan_text
     assert any("ix_batches_running" in line for line in scans), plan_text
+    assert not lora or any("using pk_shard_adapters" in line for line in scans), plan_text
     assert not [
         line
         for line in scans
-        if "Seq Scan on shards" in line or ("on batches" in line and "Seq Scan" in line)
+        if "Seq Scan on shard" in line or ("on batches" in line and "Seq Scan" in line)
     ], plan_text
-    print(f"claim at 100,000 shards ({order}): {took * 1000:.1f} ms")
+    print(f"claim at 100,000 shards ({order}, lora {lora}): {took * 1000:.1f} ms")

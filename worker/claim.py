@@ -5,6 +5,11 @@ risk of missing `expires_at` first, earliest deadline first; then the project wh
 (work served / weight, on this model) is lowest; then that project's batch with the least
 work served; then the oldest batch, its first shard. `fifo` is the oldest batch first.
 
+A worker with LoRA takes, within the batch that comes first, the shards whose adapters it has
+loaded first (`shard_adapters`, recorded at validation): a shard that needs no adapter load
+before one that does, whatever their indexes. It never reorders batches: fair share and
+deadlines stay first.
+
 A claim is one conditional `UPDATE … WHERE id = (SELECT … LIMIT 1) RETURNING`; on PostgreSQL
 the inner select takes `FOR UPDATE SKIP LOCKED` so concurrent workers never wait on each
 other, on SQLite every transaction is already `BEGIN IMMEDIATE`. A claim bumps the shard's
@@ -13,7 +18,7 @@ newer one (fencing). Lapses and expiry are judged by the database's clock
 (`app.services.lease`), never the worker's.
 """
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from functools import cache
 from typing import Any
 
@@ -22,8 +27,10 @@ from sqlalchemy import (
     Select,
     and_,
     bindparam,
+    case,
     exists,
     func,
+    literal,
     literal_column,
     or_,
     select,
@@ -37,7 +44,7 @@ from app.core.progress import PROGRESS_FIELDS, Progress
 from app.core.schedule import Order, work_of
 from app.core.states import BatchStatus, ShardStatus
 from app.db.clock import db_now
-from app.db.models import Batch, File, ProjectShare, ResultChunk, Shard
+from app.db.models import Batch, File, ProjectShare, ResultChunk, Shard, ShardAdapter
 from app.services import lease as leases
 from app.services.schedule import record_work
 
@@ -88,19 +95,40 @@ def _ranked_batches(order: Order) -> Select[Any]:
     )
 
 
-def _candidates(order: Order) -> Select[Any]:
-    """Runnable shards, best first: the best batches' shards in index order.
+def _needs_load() -> ColumnElement[bool]:
+    """The shard names an adapter the worker has not loaded (`loaded`: those it has).
+
+    A scalar subquery, not `EXISTS`: PostgreSQL turns an `EXISTS` outside the WHERE clause
+    into a hashed scan of every `shard_adapters` row; this stays one primary-key probe per
+    shard of the top batches.
+    """
+    unloaded = (
+        select(literal(1))
+        .where(
+            ShardAdapter.shard_id == Shard.id,
+            ShardAdapter.name.not_in(bindparam("loaded", expanding=True)),
+        )
+        .limit(1)
+        .scalar_subquery()
+    )
+    return unloaded.is_not(None)
+
+
+def _candidates(order: Order, lora: bool) -> Select[Any]:
+    """Runnable shards, best first: the best batches' shards in index order (with `lora`,
+    each batch's shards whose adapters are all `loaded` before its others).
 
     Batches are ranked first (only those with a claimable shard, `TOP_BATCHES` of them),
     then only their shards are read, through `ix_shards_claim_order`: a claim never sorts
     every open shard of the deployment.
     """
     top = _ranked_batches(order).limit(TOP_BATCHES).subquery("top")
+    loads_last = [case((_needs_load(), 1), else_=0)] if lora else []
     return (
         select(Shard.id)
         .join(top, top.c.id == Shard.batch_id)
         .where(_claimable())
-        .order_by(top.c.rank, Shard.index)
+        .order_by(top.c.rank, *loads_last, Shard.index)
     )
 
 
@@ -117,14 +145,18 @@ def models_with_work(
 
 
 @cache
-def claim_statement(order: Order) -> ReturningUpdate[*tuple[Any, ...]]:
+def claim_statement(order: Order, lora: bool = False) -> ReturningUpdate[*tuple[Any, ...]]:
     """The claim: one conditional `UPDATE … RETURNING` of the best runnable shard, returning
     all its lease needs (one round trip: under load every round trip waits for a core).
 
-    Built once per order (building it took most of a claim's CPU); `claim_params` fill it.
+    Built once per order, and LoRA or not (building it took most of a claim's CPU; a worker
+    without LoRA runs the statement without the adapters' ordering); `claim_params` fill it.
     """
     candidate = (
-        _candidates(order).limit(1).with_for_update(skip_locked=True, of=Shard).scalar_subquery()
+        _candidates(order, lora)
+        .limit(1)
+        .with_for_update(skip_locked=True, of=Shard)
+        .scalar_subquery()
     )
     # Spelled out: SQLAlchemy names the updated table's columns unqualified in SQLite's
     # RETURNING, subqueries included, where they would read as the subquery's own.
@@ -160,9 +192,16 @@ def claim_statement(order: Order) -> ReturningUpdate[*tuple[Any, ...]]:
     )
 
 
-def claim_params(owner: str, models: Sequence[str], lease_seconds: float) -> dict[str, Any]:
-    """The claim statement's parameters for `owner`, serving `models`."""
-    return {"owner": owner, "models": list(models), "lease_seconds": lease_seconds}
+def claim_params(
+    owner: str,
+    models: Sequence[str],
+    lease_seconds: float,
+    loaded: Collection[str] | None = None,
+) -> dict[str, Any]:
+    """The claim statement's parameters for `owner`, serving `models` (with LoRA: and the
+    adapters `loaded`)."""
+    params = {"owner": owner, "models": list(models), "lease_seconds": lease_seconds}
+    return params if loaded is None else {**params, "loaded": sorted(loaded)}
 
 
 def claim_shard(
@@ -171,10 +210,13 @@ def claim_shard(
     models: Sequence[str],
     lease_seconds: float,
     order: Order = Order.FAIR,
+    loaded: Collection[str] | None = None,
 ) -> ShardLease | None:
-    """Take the best runnable shard in `order`."""
-    params = claim_params(owner, models, lease_seconds)
-    row = session.execute(claim_statement(order), params).one_or_none()
+    """Take the best runnable shard in `order`; `loaded`: the LoRA adapters the worker has
+    loaded (None without LoRA)."""
+    params = claim_params(owner, models, lease_seconds, loaded)
+    statement = claim_statement(order, lora=loaded is not None)
+    row = session.execute(statement, params).one_or_none()
     return None if row is None else ShardLease(owner=owner, **row._mapping)
 
 

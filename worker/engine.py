@@ -20,7 +20,7 @@ from app.logging import root_level_kept
 from app.schemas.models import ANNOUNCEMENT_KEY, Announcement, StandbyModel, announcement_in
 from worker.adapters import ADAPTER_LOAD_FAILED
 from worker.engine_gauges import EngineStats, Gauges
-from worker.engine_lora import adapter_rule, announced_adapters, lora_adapters
+from worker.engine_lora import adapter_rule, announced_adapters, loaded_adapters, lora_adapters
 from worker.engine_online import observe_online
 from worker.engine_results import (
     EngineResult,
@@ -139,6 +139,10 @@ class VllmEngine:
     @property
     def endpoints(self) -> list[str]:
         return list(self._routes)
+
+    def loaded_adapters(self) -> frozenset[str] | None:
+        """The LoRA adapters loaded now; None when LoRA is off (claims ignore adapters)."""
+        return None if self.adapter_rule is None else loaded_adapters(self._state)
 
     async def run(self, endpoint: str, body: dict[str, Any], request_id: str) -> EngineResult:
         from starlette.responses import Response

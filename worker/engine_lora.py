@@ -34,6 +34,13 @@ def announced_adapters(
     return list(adapters.values())
 
 
+def loaded_adapters(state: Any) -> frozenset[str]:
+    """The adapters vLLM holds now: `--lora-modules`', and those of `--lora-dir` and
+    `--lora-repo` a line named (a claim prefers shards naming only these, `worker.claim`)."""
+    models = getattr(state, "openai_serving_models", None)
+    return frozenset(models.lora_requests) if models is not None else frozenset()
+
+
 def adapter_rule(client: Any, served_names: list[str]) -> AdapterRule | None:
     """Which requests may share the engine when LoRA is on (`worker.adapters`)."""
     lora = client.vllm_config.lora_config

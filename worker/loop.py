@@ -20,7 +20,7 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from app.config import Settings
 from app.core.leases import ShardLease
@@ -220,8 +220,9 @@ class Worker:
             await asyncio.sleep(WATCH_SECONDS)
             version = watch.version()
 
-    def _take_shard(self) -> ShardLease | None:
-        """The claim's transaction (blocking: it runs in a thread)."""
+    def _take_shard(self, loaded: frozenset[str] | None = None) -> ShardLease | None:
+        """The claim's transaction (blocking: it runs in a thread); `loaded`: the LoRA
+        adapters the engine holds, None without LoRA."""
         with one_statement_scope(self.settings) as session:
             return claim.claim_shard(
                 session,
@@ -229,11 +230,17 @@ class Worker:
                 self.engine.served_names,
                 self.settings.lease_seconds,
                 self.settings.scheduler,
+                loaded,
             )
+
+    def _loaded_adapters(self) -> frozenset[str] | None:
+        # Read on the event loop, which loads and unloads them, not in the claim's thread.
+        loaded = getattr(self.engine, "loaded_adapters", None)
+        return None if loaded is None else cast(frozenset[str] | None, loaded())
 
     async def _claim(self) -> bool:
         try:
-            lease = await asyncio.to_thread(self._take_shard)
+            lease = await asyncio.to_thread(self._take_shard, self._loaded_adapters())
         except Exception as exc:
             self._database_failed(exc, "claiming a shard")
             return False

@@ -32,6 +32,7 @@ from app.db.models import (
     File,
     RegisteredWorker,
     Shard,
+    ShardAdapter,
     Upload,
     UploadPart,
     WebhookDelivery,
@@ -69,7 +70,10 @@ def ended_batches_with_rows(session: Session, seconds: float, limit: int) -> lis
 
 
 def delete_batch_rows(session: Session, batch_ids: Sequence[str]) -> int:
-    """Removes the shards of ended batches (the caller removed their chunks)."""
+    """Removes the shards of ended batches, with their adapters (the caller removed their
+    chunks)."""
+    shards = select(Shard.id).where(Shard.batch_id.in_(batch_ids))
+    session.execute(delete(ShardAdapter).where(ShardAdapter.shard_id.in_(shards)))
     return _count(session.execute(delete(Shard).where(Shard.batch_id.in_(batch_ids))))
 
 

@@ -8,7 +8,7 @@ Importing this package registers every table on `Base.metadata` (Alembic's env r
 """
 
 from app.db.models.base import Base
-from app.db.models.batches import Batch, ResultChunk, Shard
+from app.db.models.batches import Batch, ResultChunk, Shard, ShardAdapter
 from app.db.models.files import File, Upload, UploadPart
 from app.db.models.projects import (
     ApiKey,
@@ -34,6 +34,7 @@ __all__ = [
     "RegisteredWorker",
     "ResultChunk",
     "Shard",
+    "ShardAdapter",
     "SingletonLease",
     "Upload",
     "UploadPart",

@@ -1,4 +1,4 @@
-"""Batches, their shards and result chunks, and the planner's estimates."""
+"""Batches, their shards (with the LoRA adapters their lines name) and result chunks."""
 
 from typing import Any
 
@@ -11,6 +11,7 @@ from sqlalchemy import (
     Index,
     Integer,
     String,
+    Text,
     UniqueConstraint,
 )
 from sqlalchemy.orm import Mapped, mapped_column
@@ -152,6 +153,17 @@ class Shard(ProgressColumns, Base):
     # The prompt tokens its lines enqueue, as validation estimated them (app/services/enqueued).
     prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     # Progress columns, as last checkpointed: always the sums over this shard's result chunks.
+
+
+class ShardAdapter(Base):
+    """A LoRA adapter a shard's lines name (validation records them): a worker with LoRA
+    prefers shards whose adapters it has loaded (worker/claim.py)."""
+
+    __tablename__ = "shard_adapters"
+
+    shard_id: Mapped[int] = mapped_column(ForeignKey("shards.id"), primary_key=True)
+    # Text: a hub adapter's name is its repo and folder, of any length.
+    name: Mapped[str] = mapped_column(Text, primary_key=True)
 
 
 class ResultChunk(Base):

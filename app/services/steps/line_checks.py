@@ -53,6 +53,8 @@ class LineChecker:
         self.model: str | None = settings.models[0].name if per_line else None
         # Estimated prompt tokens of the requests checked so far (the enqueued-token limit).
         self.prompt_tokens = 0
+        # The model the line last checked names (None if it names none): its shard's adapters.
+        self.line_model: str | None = None
         # custom_id digests, not the strings: memory stays small however long the ids are.
         self._seen: dict[bytes, int] = {}
         self._model_errors: dict[str, tuple[str, str] | None] = {}
@@ -60,6 +62,7 @@ class LineChecker:
         self._media = MediaRule.of(settings, remember=True)
 
     def check(self, line_no: int, raw: bytes) -> BatchError | None:
+        self.line_model = None
         try:
             request = orjson.loads(raw)
         except orjson.JSONDecodeError:
@@ -125,6 +128,7 @@ class LineChecker:
         if (problem := _require(line_no, "body.model", model, str)) is not None:
             return problem
         assert isinstance(model, str)
+        self.line_model = model
         if (problem := self._check_model(line_no, model)) is not None:
             return problem
         return self._check_media(line_no, body)

@@ -21,7 +21,7 @@ from app.core.leases import BatchLease
 from app.core.sizes import too_large_message
 from app.core.states import BatchStatus, BatchStep
 from app.db.clock import db_now
-from app.db.models import Batch, File, Shard
+from app.db.models import Batch, File, Shard, ShardAdapter
 from app.db.session import session_scope
 from app.schemas.batches import BatchError
 from app.services import enqueued, schedule
@@ -46,6 +46,8 @@ class ShardPlan:
     byte_start: int
     line_count: int = 0
     prompt_tokens: int = 0
+    # The models its lines name: the batch's base model and its LoRA adapters.
+    models: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -85,6 +87,8 @@ def read_input(
         tokens_before = checker.prompt_tokens
         problem = checker.check(line_no, raw)
         shard.prompt_tokens += checker.prompt_tokens - tokens_before
+        if checker.line_model is not None:
+            shard.models.add(checker.line_model)
         if problem is not None:
             outcome.errors.append(problem)
             if len(outcome.errors) >= settings.max_reported_errors:
@@ -241,8 +245,14 @@ def _apply(session: Session, settings: Settings, batch: Batch, outcome: Outcome)
     batch.total = outcome.total
     batch.model = outcome.model
     schedule.admit(session, batch)
+    _add_shards(session, batch, outcome)
+
+
+def _add_shards(session: Session, batch: Batch, outcome: Outcome) -> None:
+    """The batch's shards, each with the LoRA adapters its lines name (the models other than
+    the batch's base model)."""
     ends = [s.byte_start for s in outcome.shards[1:]] + [outcome.size]
-    session.add_all(
+    shards = [
         Shard(
             batch_id=batch.id,
             index=plan.index,
@@ -253,6 +263,17 @@ def _apply(session: Session, settings: Settings, batch: Batch, outcome: Outcome)
             prompt_tokens=plan.prompt_tokens,
         )
         for plan, end in zip(outcome.shards, ends, strict=True)
+    ]
+    session.add_all(shards)
+    plans = zip(shards, outcome.shards, strict=True)
+    adapters = [(shard, plan.models - {outcome.model}) for shard, plan in plans]
+    if not any(names for _, names in adapters):
+        return
+    session.flush()  # the shards' ids
+    session.add_all(
+        ShardAdapter(shard_id=shard.id, name=name)
+        for shard, names in adapters
+        for name in sorted(names)
     )
 
 
