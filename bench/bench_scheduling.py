@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 from sqlalchemy import func, select  # noqa: E402
 
 from app.config import Settings  # noqa: E402
-from app.db.models import Batch, Project, Shard  # noqa: E402
+from app.db.models import Batch, BatchSchedule, Project, Shard  # noqa: E402
 from app.db.session import engine_for, session_scope  # noqa: E402
 from bench.server import api_server  # noqa: E402
 from tests.harness import fresh_database  # noqa: E402
@@ -83,10 +83,17 @@ class EtaWatch:
     def _watch(self) -> None:
         done = func.sum(Shard.completed + Shard.failed)
         query = (
-            select(Batch.id, Batch.eta_made_at, done, Batch.total, Batch.eta_finish_at)
+            select(
+                Batch.id,
+                BatchSchedule.eta_made_at,
+                done,
+                Batch.total,
+                BatchSchedule.eta_finish_at,
+            )
+            .join(BatchSchedule, BatchSchedule.batch_id == Batch.id)
             .join(Shard, Shard.batch_id == Batch.id)
-            .where(Batch.status == "in_progress", Batch.eta_made_at.is_not(None))
-            .group_by(Batch.seq)
+            .where(Batch.status == "in_progress", BatchSchedule.eta_made_at.is_not(None))
+            .group_by(Batch.seq, BatchSchedule.batch_id)
         )
         while not self._stop.wait(self.every):
             with session_scope(self.settings) as session:
@@ -260,7 +267,11 @@ def overload(run: Run, short_window: float) -> tuple[int, int, list[str]]:
         submitted.append((f"S{i}", run.submit(f"S{i}", 5_000, window="1h")))
     time.sleep(short_window / 2)
     with session_scope(run.settings) as session:
-        flagged = list(session.scalars(select(Batch.id).where(Batch.expected_miss.is_(True))))
+        flagged = list(
+            session.scalars(
+                select(BatchSchedule.batch_id).where(BatchSchedule.expected_miss.is_(True))
+            )
+        )
     ends = [run.wait(project, batch_id) for project, batch_id in submitted]
     expired = sum(_expired(b) for b in ends[1:])
     expired_long = _expired(ends[0])

@@ -22,6 +22,7 @@ from app.core.schedule import Demand, Order, plan, recorded_speed
 from app.core.states import BatchStatus
 from app.db.models import (
     Batch,
+    BatchSchedule,
     Project,
     ProjectShare,
     ResultChunk,
@@ -141,8 +142,11 @@ def test_at_risk_first_by_deadline_and_fifo_as_before(db: Settings) -> None:
     late, later = _batch(db, "rush", 3, expires_in=3600), _batch(db, "rush2", 3, expires_in=7200)
     with session_scope(db) as session:
         for batch_id in (later, late):
+            expires_at = select(Batch.expires_at).where(Batch.id == batch_id).scalar_subquery()
             session.execute(
-                update(Batch).where(Batch.id == batch_id).values(urgent_deadline=Batch.expires_at)
+                update(BatchSchedule)
+                .where(BatchSchedule.batch_id == batch_id)
+                .values(urgent_deadline=expires_at)
             )
     assert [_claim_and_serve(db) for _ in range(7)] == [late] * 3 + [later] * 3 + [calm]
 
@@ -209,7 +213,7 @@ def test_the_speed_counts_the_work_of_batches_that_ended_in_its_window(db: Setti
             )
     with session_scope(db) as session:  # it ends as the finalizer ends it
         batch = session.scalars(select(Batch).where(Batch.id == ended)).one()
-        assert batch.work_done == 20
+        assert session.get_one(BatchSchedule, ended).work_done == 20
         batch.status, batch.completed_at = BatchStatus.COMPLETED, int(now - 3)
         batch.completed = 2
         batch.throughput = throughput_series(session, ended)
@@ -234,13 +238,14 @@ def test_one_planner_pass_at_a_time_and_the_lease_passes_on(db: Settings) -> Non
         # Between reading the open batches and writing their ETAs: two passes at once would
         # both be inside here.
         owner = threading.current_thread().name
-        if owner.startswith("api-") and "batches.eta_finish_at" in statement:
+        if owner.startswith("api-") and "batch_schedules.eta_finish_at" in statement:
             passes.append(owner)
             time.sleep(0.2)
 
     def estimated() -> set[str]:
         with session_scope(tuned) as session:
-            return set(session.scalars(select(Batch.id).where(Batch.eta_finish_at.is_not(None))))
+            estimated = BatchSchedule.eta_finish_at.is_not(None)
+            return set(session.scalars(select(BatchSchedule.batch_id).where(estimated)))
 
     engine = engine_for(tuned.sqlalchemy_url)
     event.listen(engine, "after_cursor_execute", widen_the_race)
@@ -431,13 +436,20 @@ def fill_queue(engine: Engine, batches: int, shards_per_batch: int, finished: in
                 "INSERT INTO batches (id, project_id, endpoint, input_file_id, model, "
                 "completion_window, status, created_at, expires_at, total, completed, failed, "
                 "input_tokens, cached_tokens, output_tokens, reasoning_tokens, lease_epoch, "
-                "cancelled, expired, work_done, vtime, expected_miss) "
+                "cancelled, expired) "
                 "SELECT 'batch_' || b, 'proj_' || (b % 5 + 1), '/v1/chat/completions', "
                 "'file-x', :model, '24h', CASE WHEN b <= :finished THEN 'completed' "
                 "ELSE 'in_progress' END, :now, :now + 86400, 1000000, "
-                "0, 0, 0, 0, 0, 0, 0, 0, 0, 0, b, false FROM generate_series(1, :total) b"
+                "0, 0, 0, 0, 0, 0, 0, 0, 0 FROM generate_series(1, :total) b"
             ),
             {"now": now, "model": MODEL, "finished": finished, "total": total},
+        )
+        conn.execute(
+            text(
+                "INSERT INTO batch_schedules (batch_id, work_done, vtime, expected_miss) "
+                "SELECT 'batch_' || b, 0, b, false FROM generate_series(1, :total) b"
+            ),
+            {"total": total},
         )
         conn.execute(
             text(
@@ -497,6 +509,8 @@ def test_claim_plan_is_an_index_scan_at_100000_shards(
     assert not [
         line
         for line in scans
-        if "Seq Scan on shard" in line or ("on batches" in line and "Seq Scan" in line)
+        if "Seq Scan on shard" in line
+        or "Seq Scan on batch_schedules" in line
+        or ("on batches" in line and "Seq Scan" in line)
     ], plan_text
     print(f"claim at 100,000 shards ({order}, lora {lora}): {took * 1000:.1f} ms")

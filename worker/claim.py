@@ -44,7 +44,15 @@ from app.core.progress import PROGRESS_FIELDS, Progress
 from app.core.schedule import Order, work_of
 from app.core.states import BatchStatus, ShardStatus
 from app.db.clock import db_now
-from app.db.models import Batch, File, ProjectShare, ResultChunk, Shard, ShardAdapter
+from app.db.models import (
+    Batch,
+    BatchSchedule,
+    File,
+    ProjectShare,
+    ResultChunk,
+    Shard,
+    ShardAdapter,
+)
 from app.services import lease as leases
 from app.services.schedule import record_work
 
@@ -68,31 +76,31 @@ def _batch_order(order: Order) -> list[Any]:
     if order is Order.FIFO:
         return [Batch.seq]
     return [
-        Batch.urgent_deadline.asc().nulls_last(),
+        BatchSchedule.urgent_deadline.asc().nulls_last(),
         func.coalesce(ProjectShare.vtime, 0.0),
-        Batch.vtime,
+        BatchSchedule.vtime,
         Batch.seq,
     ]
 
 
 def _ranked_batches(order: Order) -> Select[Any]:
     """Batches of `models` with a claimable shard, best first, as a claim ranks them."""
-    share = (ProjectShare.project_id == Batch.project_id) & (ProjectShare.model == Batch.model)
-    return (
-        select(
-            Batch.id,
-            Batch.model,
-            func.row_number().over(order_by=_batch_order(order)).label("rank"),
-        )
-        .outerjoin(ProjectShare, share)
-        .where(
-            Batch.status == BatchStatus.IN_PROGRESS,
-            Batch.model.in_(bindparam("models", expanding=True)),
-            Batch.expires_at > db_now(),
-            exists().where(Shard.batch_id == Batch.id, _claimable()),
-        )
-        .order_by(*_batch_order(order))
+    ranked = select(
+        Batch.id,
+        Batch.model,
+        func.row_number().over(order_by=_batch_order(order)).label("rank"),
     )
+    if order is Order.FAIR:  # the clocks: the batch's schedule row and its project's share
+        share = (ProjectShare.project_id == Batch.project_id) & (ProjectShare.model == Batch.model)
+        ranked = ranked.join(BatchSchedule, BatchSchedule.batch_id == Batch.id).outerjoin(
+            ProjectShare, share
+        )
+    return ranked.where(
+        Batch.status == BatchStatus.IN_PROGRESS,
+        Batch.model.in_(bindparam("models", expanding=True)),
+        Batch.expires_at > db_now(),
+        exists().where(Shard.batch_id == Batch.id, _claimable()),
+    ).order_by(*_batch_order(order))
 
 
 def _needs_load() -> ColumnElement[bool]:
@@ -247,7 +255,8 @@ def checkpoint(
 
     Closing a shard locks the batch row first (the finalizer's order: batch, then shards), so
     of two holders closing a batch's last two shards at once, the second sees the first's
-    and exactly one learns that its shard was the last.
+    and exactly one learns that its shard was the last. No checkpoint writes the batch row:
+    its work goes to the batch's schedule row, then its project's share (`record_work`).
     """
     if done:
         session.execute(select(Batch.id).where(Batch.id == lease.batch_id).with_for_update())

@@ -8,7 +8,7 @@ from app.core.states import (
     BatchStatus,
 )
 from app.dashboard.display import DASH, Row, file_href, fmt_duration, fmt_time
-from app.db.models import Batch, File
+from app.db.models import BatchSchedule, File
 from app.services.monitoring import BatchView
 
 TIMELINE = (
@@ -94,8 +94,11 @@ def segments(outcomes: Outcomes, total: int) -> list[Row]:
     return found
 
 
-def batch_detail(view: BatchView, files: dict[str, File], now: float) -> Row:
-    """The batch page: its row plus timeline, usage, errors, metadata and file links."""
+def batch_detail(
+    view: BatchView, planned: BatchSchedule | None, files: dict[str, File], now: float
+) -> Row:
+    """The batch page: its row plus timeline, usage, errors, metadata, the planner's estimate
+    (`planned`, None before the batch was admitted) and file links."""
     b, usage = view.batch, view.wire.usage
     detail = batch_row(view, now)
     detail["timeline"] = [
@@ -115,7 +118,7 @@ def batch_detail(view: BatchView, files: dict[str, File], now: float) -> Row:
     detail["has_errors"] = bool(detail["errors"])
     detail["metadata"] = [{"key": k, "value": str(v)} for k, v in (b.metadata_ or {}).items()]
     detail["retryable"] = b.status in TERMINAL_BATCH_STATUSES and b.error_file_id is not None
-    detail.update(schedule_fields(b))
+    detail.update(schedule_fields(b.status, planned))
     for kind, file_id in (
         ("input", b.input_file_id),
         ("output", b.output_file_id),
@@ -135,18 +138,18 @@ def batch_detail(view: BatchView, files: dict[str, File], now: float) -> Row:
     return detail
 
 
-def schedule_fields(b: Batch) -> Row:
+def schedule_fields(status: BatchStatus, planned: BatchSchedule | None) -> Row:
     """The planner's estimate for an open batch (app/services/schedule.py)."""
-    open_ = b.status in (BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS)
-    if not open_ or b.eta_finish_at is None:
+    open_ = status in (BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS)
+    if not open_ or planned is None or planned.eta_finish_at is None:
         return {"est_start": DASH, "est_finish": DASH, "deadline": DASH}
     deadline = "on time"
-    if b.expected_miss:
+    if planned.expected_miss:
         deadline = "expected to miss"
-    elif b.urgent_deadline is not None:
+    elif planned.urgent_deadline is not None:
         deadline = "at risk: served first"
     return {
-        "est_start": fmt_time(b.eta_start_at),
-        "est_finish": fmt_time(b.eta_finish_at),
+        "est_start": fmt_time(planned.eta_start_at),
+        "est_finish": fmt_time(planned.eta_finish_at),
         "deadline": deadline,
     }

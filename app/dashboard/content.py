@@ -21,6 +21,7 @@ from app.services import (
     monitoring,
     online_usage,
     quotas,
+    schedule,
     webhook_endpoints,
 )
 from app.services.batch_search import find_custom_id
@@ -145,7 +146,8 @@ def batch_detail(session: Session, batch_id: str) -> Row:
         raise not_found("Batch", batch_id)
     b = view.batch
     files = monitoring.files_by_id(session, [b.input_file_id, b.output_file_id, b.error_file_id])
-    detail = batch_views.batch_detail(view, files, time.time())
+    plan = schedule.schedule_of(session, batch_id)
+    detail = batch_views.batch_detail(view, plan, files, time.time())
     series = b.throughput or throughput_series(session, batch_id)
     detail["series"] = series = [(t, rate) for t, rate in series]
     detail["chart_caption"] = charts.chart_caption(series, view.batch.status)

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from app.config import Settings
 from app.core.progress import Progress
 from app.core.states import TERMINAL_BATCH_STATUSES, BatchApi, BatchStatus
-from app.db.models import Batch, ResultChunk, Shard, ShardAdapter
+from app.db.models import Batch, BatchSchedule, ResultChunk, Shard, ShardAdapter
 from app.endpoints import MESSAGES
 from app.errors import OpenAIError
 from app.ids import new_file_id, new_message_batch_id
@@ -235,6 +235,7 @@ def delete_ended(
     session.execute(delete(ResultChunk).where(ResultChunk.shard_id.in_(shards)))
     session.execute(delete(ShardAdapter).where(ShardAdapter.shard_id.in_(shards)))
     session.execute(delete(Shard).where(Shard.batch_id == batch_id))
+    session.execute(delete(BatchSchedule).where(BatchSchedule.batch_id == batch_id))
     files = [batch.input_file_id, batch.output_file_id, batch.error_file_id]
     session.delete(batch)
     session.flush()

@@ -13,7 +13,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.core.states import TERMINAL_BATCH_STATUSES
-from app.db.models import Batch, ResultChunk, Shard
+from app.db.models import Batch, BatchSchedule, ResultChunk, Shard
 
 CHART_POINTS = 60
 
@@ -65,9 +65,14 @@ def recent_results(session: Session, since: float) -> Iterator[Finished]:
     for model, created_at, lines, work in session.execute(live).yield_per(1000):
         yield Finished(model, created_at, lines, work or 0)
     end = func.coalesce(Batch.completed_at, Batch.cancelled_at, Batch.expired_at, Batch.failed_at)
-    ended = select(
-        Batch.model, Batch.throughput, Batch.work_done, Batch.completed + Batch.failed
-    ).where(Batch.status.in_(TERMINAL_BATCH_STATUSES), Batch.throughput.is_not(None), end >= since)
+    work_done = func.coalesce(BatchSchedule.work_done, 0)
+    ended = (
+        select(Batch.model, Batch.throughput, work_done, Batch.completed + Batch.failed)
+        .outerjoin(BatchSchedule, BatchSchedule.batch_id == Batch.id)
+        .where(
+            Batch.status.in_(TERMINAL_BATCH_STATUSES), Batch.throughput.is_not(None), end >= since
+        )
+    )
     for model, series, work_done, done in session.execute(ended).yield_per(100):
         per_request = work_done / done if done else 0.0
         for at, requests in _requests_at(series):

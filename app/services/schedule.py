@@ -2,10 +2,11 @@
 
 The claim itself (`worker/claim.py`) only reads what is kept here: each project's clock on a
 model (`project_shares.vtime`, work served / weight), each batch's clock inside its project
-(`batches.vtime`) and the planner's verdict `batches.urgent_deadline`. Checkpoints move the
-clocks (`record_work`); `admit` sets them when a batch starts; `replan` runs in the API's
-housekeeping and writes every open batch's estimated start and finish (a model no worker
-runs now starts when a switching worker would load it, `app.core.switching`).
+(`batch_schedules.vtime`) and the planner's verdict `batch_schedules.urgent_deadline`.
+Checkpoints move the clocks (`record_work`); `admit` creates the batch's schedule row and sets
+its clock when the batch starts; `replan` runs in the API's housekeeping and writes every open
+batch's estimated start and finish (a model no worker runs now starts when a switching worker
+would load it, `app.core.switching`). None of them writes the `batches` row.
 """
 
 import time
@@ -20,7 +21,7 @@ from app.core.schedule import Demand, Estimate, Order, plan, recorded_speed
 from app.core.states import TERMINAL_BATCH_STATUSES, BatchStatus
 from app.core.switching import wait_for
 from app.db import upsert
-from app.db.models import Batch, Project, ProjectShare, RegisteredWorker, Shard
+from app.db.models import Batch, BatchSchedule, Project, ProjectShare, RegisteredWorker, Shard
 from app.errors import not_found
 from app.schemas.admin import ProjectObject, ScheduledBatchObject
 from app.schemas.models import SWITCHING_KEY
@@ -33,7 +34,7 @@ SPEED_WINDOW_SECONDS = 60.0
 SWITCHED_SPEED_WINDOW_SECONDS = 3600.0
 # A switching worker counts for the plan while its heartbeat is this fresh.
 SWITCHING_WORKER_SEEN_SECONDS = 60.0
-# A batch's row is rewritten only when its estimate moved by more than this (or a flag did).
+# A schedule row's estimate is rewritten only when it moved by more than this (or a flag did).
 ETA_TOLERANCE_SECONDS = 1.0
 
 
@@ -43,13 +44,24 @@ def _share_insert(session: Session, project_id: str, model: str) -> None:
     session.execute(upsert.insert(session, ProjectShare).values(values).on_conflict_do_nothing())
 
 
+def _schedule_row(session: Session, batch_id: str) -> BatchSchedule:
+    """The batch's schedule row, created if it has none (one from before the table was)."""
+    found = session.get(BatchSchedule, batch_id)
+    if found is None:
+        found = BatchSchedule(batch_id=batch_id, work_done=0, vtime=0.0)
+        session.add(found)
+    return found
+
+
 def admit(session: Session, batch: Batch) -> None:
-    """A batch starts running: set its clocks so neither idle time nor age is banked.
+    """A batch starts running: its schedule row, with clocks so neither idle time nor age is
+    banked. Every batch that can be claimed went through here.
 
     The batch starts at the lowest clock of its project's other running batches; a project
     with no other running batch on the model starts at the lowest clock of the projects that
     have one (it gets its share from now on, not a backlog of what it did not use).
     """
+    clock = _schedule_row(session, batch.id)
     if batch.model is None:
         return
     _share_insert(session, batch.project_id, batch.model)
@@ -59,9 +71,11 @@ def admit(session: Session, batch: Batch) -> None:
         Batch.id != batch.id,
     )
     siblings = session.scalar(
-        select(func.min(Batch.vtime)).where(*running, Batch.project_id == batch.project_id)
+        select(func.min(BatchSchedule.vtime))
+        .join(Batch, Batch.id == BatchSchedule.batch_id)
+        .where(*running, Batch.project_id == batch.project_id)
     )
-    batch.vtime = float(siblings or 0.0)
+    clock.vtime = float(siblings or 0.0)
     if siblings is not None:
         return
     others = session.scalar(
@@ -83,13 +97,25 @@ def admit(session: Session, batch: Batch) -> None:
 def record_work(session: Session, batch_id: str, work: int) -> tuple[BatchStatus, int]:
     """Adds a checkpoint's work to the batch's and its project's clocks; the batch's state.
 
-    Rows are locked shard → batch → project share, in that order on every path.
+    Writes the batch's schedule row and its project's share row, never the `batches` row
+    (read, not locked: every worker on a batch would queue on it). Rows are locked
+    shard → batch schedule → project share, in that order on every path; a checkpoint that
+    closes its shard locks the batch row before the shard (`worker.claim.checkpoint`).
     """
+
+    def of_batch(column: Any) -> Any:
+        return select(column).where(Batch.id == batch_id).scalar_subquery()
+
     status, expires_at, project_id, model = session.execute(
-        update(Batch)
-        .where(Batch.id == batch_id)
-        .values(work_done=Batch.work_done + work, vtime=Batch.vtime + work)
-        .returning(Batch.status, Batch.expires_at, Batch.project_id, Batch.model)
+        update(BatchSchedule)
+        .where(BatchSchedule.batch_id == batch_id)
+        .values(work_done=BatchSchedule.work_done + work, vtime=BatchSchedule.vtime + work)
+        .returning(  # one round trip
+            of_batch(Batch.status),
+            of_batch(Batch.expires_at),
+            of_batch(Batch.project_id),
+            of_batch(Batch.model),
+        )
         .execution_options(synchronize_session=False)
     ).one()
     if model is not None:
@@ -170,18 +196,19 @@ def _open_batches(session: Session) -> list[Any]:
                 Batch.model,
                 Batch.expires_at,
                 Batch.total,
-                Batch.work_done,
-                Batch.urgent_deadline,
-                Batch.expected_miss,
-                Batch.eta_start_at,
-                Batch.eta_finish_at,
+                BatchSchedule.work_done,
+                BatchSchedule.urgent_deadline,
+                BatchSchedule.expected_miss,
+                BatchSchedule.eta_start_at,
+                BatchSchedule.eta_finish_at,
                 done,
                 func.max(Shard.attempts).label("attempts"),
             )
             .join(Project, Project.id == Batch.project_id)
+            .join(BatchSchedule, BatchSchedule.batch_id == Batch.id)
             .join(Shard, Shard.batch_id == Batch.id)
             .where(Batch.status == BatchStatus.IN_PROGRESS, Batch.model.is_not(None))
-            .group_by(Batch.seq, Project.weight)
+            .group_by(Batch.seq, Project.weight, BatchSchedule.batch_id)
         ).all()
     )
 
@@ -236,12 +263,16 @@ def _changed(row: Any, e: Estimate) -> bool:
 def _store(
     session: Session, estimates: Iterable[Estimate], rows: dict[str, Any], now: float
 ) -> None:
+    """Writes the estimates that changed, to the schedule rows only (in batch order)."""
     for e in sorted(estimates, key=lambda e: rows[e.batch_id].seq):
         row = rows[e.batch_id]
         if _changed(row, e):
+            running = select(Batch.id).where(
+                Batch.id == e.batch_id, Batch.status == BatchStatus.IN_PROGRESS
+            )
             session.execute(
-                update(Batch)
-                .where(Batch.id == e.batch_id, Batch.status == BatchStatus.IN_PROGRESS)
+                update(BatchSchedule)
+                .where(BatchSchedule.batch_id.in_(running))
                 .values(
                     eta_start_at=e.start_at,
                     eta_finish_at=e.finish_at,
@@ -255,8 +286,12 @@ def _store(
 # -- views --
 
 
-def _scheduled(batch: Batch, project_name: str, position: int | None) -> ScheduledBatchObject:
+def _scheduled(
+    batch: Batch, planned: BatchSchedule | None, project_name: str, position: int | None
+) -> ScheduledBatchObject:
+    """`planned` None: the batch was not admitted (validating, or failed validation)."""
     open_ = batch.status not in TERMINAL_BATCH_STATUSES and batch.status != BatchStatus.FINALIZING
+    shown = planned if open_ else None
     return ScheduledBatchObject(
         batch_id=batch.id,
         project_id=batch.project_id,
@@ -264,39 +299,50 @@ def _scheduled(batch: Batch, project_name: str, position: int | None) -> Schedul
         model=batch.model,
         status=batch.status,
         position=position if open_ else None,
-        at_risk=open_ and batch.urgent_deadline is not None,
-        expected_to_miss=open_ and batch.expected_miss,
+        at_risk=shown is not None and shown.urgent_deadline is not None,
+        expected_to_miss=shown is not None and shown.expected_miss,
         expires_at=batch.expires_at,
-        estimated_start_at=batch.eta_start_at if open_ else None,
-        estimated_finish_at=batch.eta_finish_at if open_ else None,
-        estimated_at=batch.eta_made_at if open_ else None,
+        estimated_start_at=shown.eta_start_at if shown else None,
+        estimated_finish_at=shown.eta_finish_at if shown else None,
+        estimated_at=shown.eta_made_at if shown else None,
     )
+
+
+def _with_schedules(*where: Any) -> Any:
+    """Batches with their schedule row (None before admission) and project name."""
+    return (
+        select(Batch, BatchSchedule, Project.name)
+        .join(Project, Project.id == Batch.project_id)
+        .outerjoin(BatchSchedule, BatchSchedule.batch_id == Batch.id)
+        .where(*where)
+    )
+
+
+def _start_at(planned: BatchSchedule | None) -> float | None:
+    return None if planned is None else planned.eta_start_at
 
 
 def schedule_objects(session: Session, project_id: str | None = None) -> list[ScheduledBatchObject]:
     """Open batches in the order the planner expects to serve them, per model."""
-    query = (
-        select(Batch, Project.name)
-        .join(Project, Project.id == Batch.project_id)
-        .where(Batch.status.in_((BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS)))
-    )
-    rows = session.execute(query).all()
+    open_ = Batch.status.in_((BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS))
+    rows = session.execute(_with_schedules(open_)).all()
     ranked = sorted(
         rows,
         key=lambda r: (
             r[0].model or "",
-            r[0].eta_start_at is None,
-            r[0].eta_start_at or 0,
+            _start_at(r[1]) is None,
+            _start_at(r[1]) or 0,
             r[0].seq,
         ),
     )
     positions: dict[str | None, int] = defaultdict(int)
     result = []
-    for batch, name in ranked:
+    for batch, planned, name in ranked:
         positions[batch.model] += 1
         if project_id is None or batch.project_id == project_id:
-            known = batch.eta_start_at is not None
-            result.append(_scheduled(batch, name, positions[batch.model] if known else None))
+            known = _start_at(planned) is not None
+            position = positions[batch.model] if known else None
+            result.append(_scheduled(batch, planned, name, position))
     return result
 
 
@@ -307,11 +353,12 @@ def scheduled_batch(
     found = next((s for s in schedule_objects(session) if s.batch_id == batch_id), None)
     if found is not None and project_id in (None, found.project_id):
         return found
-    row = session.execute(
-        select(Batch, Project.name)
-        .join(Project, Project.id == Batch.project_id)
-        .where(Batch.id == batch_id)
-    ).first()
+    row = session.execute(_with_schedules(Batch.id == batch_id)).first()
     if row is None or project_id not in (None, row[0].project_id):
         raise not_found("batch", batch_id)
-    return _scheduled(row[0], row[1], None)
+    return _scheduled(row[0], row[1], row[2], None)
+
+
+def schedule_of(session: Session, batch_id: str) -> BatchSchedule | None:
+    """The batch's schedule row; None before it was admitted."""
+    return session.get(BatchSchedule, batch_id)

@@ -18,6 +18,7 @@ from app.db.models.projects import (
     ProjectShare,
     ProjectStepShare,
 )
+from app.db.models.schedules import BatchSchedule
 from app.db.models.webhooks import WebhookDelivery, WebhookEndpoint
 from app.db.models.workers import RegisteredWorker, SingletonLease
 
@@ -25,6 +26,7 @@ __all__ = [
     "ApiKey",
     "Base",
     "Batch",
+    "BatchSchedule",
     "File",
     "OnlineUsage",
     "Project",

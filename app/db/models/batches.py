@@ -5,7 +5,6 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
-    Boolean,
     Float,
     ForeignKey,
     Index,
@@ -90,17 +89,7 @@ class Batch(PublicId, ProgressColumns, Base):
     # `[unix time, requests/s]` points kept at the end: the result chunks they come from go.
     throughput: Mapped[list[Any] | None] = mapped_column(JSON)
 
-    # Scheduling (app/services/schedule.py, worker/claim.py). Work served (output tokens, or
-    # input tokens, or requests: `app.core.schedule.work_of`) and the batch's fair-share clock
-    # inside its project; `urgent_deadline` is `expires_at` while the planner finds the
-    # batch at risk under fair share (it then goes first, earliest deadline first).
-    work_done: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
-    vtime: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
-    urgent_deadline: Mapped[int | None] = mapped_column(BigInteger)
-    expected_miss: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
-    eta_start_at: Mapped[float | None] = mapped_column(Float)
-    eta_finish_at: Mapped[float | None] = mapped_column(Float)
-    eta_made_at: Mapped[float | None] = mapped_column(Float)
+    # Its scheduling state (clocks, ETAs) is in `batch_schedules` (app/db/models/schedules.py).
 
     # Lease for the batch-level steps (validation, finalization).
     lease_owner: Mapped[str | None] = mapped_column(String(128))
