@@ -21,7 +21,7 @@ from app.config import ServedModel, Settings
 from app.core.schedule import Order
 from app.core.states import BatchStatus
 from app.core.switching import SwitchRule, wait_for
-from app.db.models import Batch, RegisteredWorker
+from app.db.models import Batch, BatchSchedule, RegisteredWorker
 from app.db.session import session_scope
 from app.endpoints import CHAT, EMBEDDINGS, GENERATIVE, POOLING
 from app.schemas.models import ANNOUNCEMENT_KEY, SWITCHING_KEY, Announcement, StandbyModel
@@ -113,7 +113,10 @@ def test_the_planner_expects_a_model_when_a_switching_worker_would_load_it(
     with session_scope(settings) as session:
         batch = session.scalars(select(Batch).where(Batch.id == ended)).one()
         batch.status, batch.completed_at = BatchStatus.COMPLETED, int(now - 1790)
-        batch.total = batch.completed = batch.work_done = 40
+        batch.total = batch.completed = 40
+        clock = session.get(BatchSchedule, ended)
+        assert clock is not None
+        clock.work_done = 40
         batch.throughput = [(now - 1800, 2.0), (now - 1790, 2.0)]
         estimates = {e.batch_id: e for e in schedule.replan(session, Order.FAIR, now)}
     assert waiting not in estimates  # no worker serves model-b: no estimate
