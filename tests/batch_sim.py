@@ -14,10 +14,11 @@ import orjson
 from sqlalchemy import select, update
 
 from app.config import Settings
-from app.core.states import ShardStatus
+from app.core.states import BatchStatus, ShardStatus
 from app.db.models import Batch, File, ResultChunk, Shard
 from app.db.session import session_scope
 from app.ids import new_batch_request_id, new_file_id, new_request_id
+from app.services import schedule
 from app.services.auth import DEFAULT_PROJECT, ensure_project
 from app.services.files import create_file_from_storage, file_storage_key
 from app.services.jsonl import iter_lines
@@ -278,3 +279,37 @@ def run_batch(settings: Settings, batch_id: str, respond: Responder = default_re
         run_shard(settings, claim, respond)
         shards += 1
     return shards
+
+
+def admitted_batch(
+    settings: Settings, project: str, shards: int, *, expires_in: int = 86400, model: str = MODEL
+) -> str:
+    """An `in_progress` batch of `shards` one-line shards, admitted as validation admits it."""
+    with session_scope(settings) as session:
+        project_id = ensure_project(session, project).id
+    file_id = store_input_file(settings, b"", project_id)
+    now = int(time.time())
+    with session_scope(settings) as session:
+        batch = Batch(
+            id=f"batch_{project}_{time.monotonic_ns()}",
+            project_id=project_id,
+            endpoint="/v1/chat/completions",
+            input_file_id=file_id,
+            model=model,
+            completion_window="24h",
+            status=BatchStatus.IN_PROGRESS,
+            created_at=now,
+            in_progress_at=now,
+            expires_at=now + expires_in,
+            total=shards,
+        )
+        session.add(batch)
+        session.flush()
+        schedule.admit(session, batch)
+        session.add_all(
+            Shard(
+                batch_id=batch.id, index=i, first_line=i + 1, line_count=1, byte_start=0, byte_end=0
+            )
+            for i in range(shards)
+        )
+        return batch.id

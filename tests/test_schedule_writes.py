@@ -20,11 +20,10 @@ from app.core.leases import ShardLease
 from app.core.progress import Progress
 from app.core.schedule import Order
 from app.core.states import BatchStatus
-from app.db.models import Batch, BatchSchedule, ProjectShare, ResultChunk, Shard
+from app.db.models import BatchSchedule, ProjectShare, ResultChunk
 from app.db.session import engine_for, session_scope
 from app.services import schedule
-from app.services.auth import ensure_project
-from tests.batch_sim import store_input_file
+from tests.batch_sim import admitted_batch
 from tests.fake_engine import MODEL
 from worker import claim
 
@@ -57,38 +56,6 @@ def _row_version(session: Session, batch_id: str) -> int | None:
     )
 
 
-def _running_batch(settings: Settings, shards: int) -> str:
-    """An `in_progress` batch of one-line shards, admitted as validation admits it."""
-    with session_scope(settings) as session:
-        project_id = ensure_project(session, "alpha").id
-    file_id = store_input_file(settings, b"", project_id)
-    now = int(time.time())
-    with session_scope(settings) as session:
-        batch = Batch(
-            id=f"batch_writes_{time.monotonic_ns()}",
-            project_id=project_id,
-            endpoint="/v1/chat/completions",
-            input_file_id=file_id,
-            model=MODEL,
-            completion_window="24h",
-            status=BatchStatus.IN_PROGRESS,
-            created_at=now,
-            in_progress_at=now,
-            expires_at=now + 86400,
-            total=shards,
-        )
-        session.add(batch)
-        session.flush()
-        schedule.admit(session, batch)
-        session.add_all(
-            Shard(
-                batch_id=batch.id, index=i, first_line=i + 1, line_count=1, byte_start=0, byte_end=0
-            )
-            for i in range(shards)
-        )
-        return batch.id
-
-
 def _checkpoint(settings: Settings, lease: ShardLease, sequence: int, done: bool) -> None:
     with session_scope(settings) as session:
         state = claim.checkpoint(
@@ -110,7 +77,7 @@ def _work(settings: Settings, batch_id: str) -> tuple[int, int]:
 
 
 def test_a_checkpoint_writes_the_schedule_not_the_batch(settings: Settings) -> None:
-    batch_id = _running_batch(settings, 2)
+    batch_id = admitted_batch(settings, "alpha", 2)
     with session_scope(settings) as session:
         lease = claim.claim_shard(session, "w", [MODEL], 30.0, Order.FAIR)
         version = _row_version(session, batch_id)
@@ -126,7 +93,7 @@ def test_a_checkpoint_writes_the_schedule_not_the_batch(settings: Settings) -> N
 
 
 def test_the_planner_writes_schedule_rows_only(settings: Settings) -> None:
-    batch_id = _running_batch(settings, 4)
+    batch_id = admitted_batch(settings, "alpha", 4)
     for sequence in range(2):
         with session_scope(settings) as session:
             lease = claim.claim_shard(session, "w", [MODEL], 30.0, Order.FAIR)

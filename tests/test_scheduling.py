@@ -31,51 +31,16 @@ from app.db.models import (
 )
 from app.db.session import engine_for, session_scope, upgrade
 from app.services import housekeeping, schedule, singleton_lease
-from app.services.auth import ensure_project
 from app.services.result_series import throughput_series
 from app.services.steps.chunk_cleanup import delete_chunks
 from app.storage import storage_of
-from tests.batch_sim import store_input_file
+from tests.batch_sim import admitted_batch as _batch
 from tests.engine_fixtures import chat_line, jsonl, start_batch, wait_status, wait_until
 from tests.fake_engine import MODEL, FakeEngine, ThreadedWorker, fast
 from tests.harness import RunningServer, fresh_database, running_server
 from worker import claim
 
 LEASE = 30.0
-
-
-def _batch(
-    settings: Settings, project: str, shards: int, *, expires_in: int = 86400, model: str = MODEL
-) -> str:
-    """An `in_progress` batch of `shards` one-line shards, admitted as validation admits it."""
-    with session_scope(settings) as session:
-        project_id = ensure_project(session, project).id
-    file_id = store_input_file(settings, b"", project_id)
-    now = int(time.time())
-    with session_scope(settings) as session:
-        batch = Batch(
-            id=f"batch_{project}_{time.monotonic_ns()}",
-            project_id=project_id,
-            endpoint="/v1/chat/completions",
-            input_file_id=file_id,
-            model=model,
-            completion_window="24h",
-            status=BatchStatus.IN_PROGRESS,
-            created_at=now,
-            in_progress_at=now,
-            expires_at=now + expires_in,
-            total=shards,
-        )
-        session.add(batch)
-        session.flush()
-        schedule.admit(session, batch)
-        session.add_all(
-            Shard(
-                batch_id=batch.id, index=i, first_line=i + 1, line_count=1, byte_start=0, byte_end=0
-            )
-            for i in range(shards)
-        )
-        return batch.id
 
 
 def _claim_and_serve(
@@ -114,7 +79,10 @@ def test_fair_share_in_work_done(db: Settings) -> None:
     def serve(model: str, n: int, work: Callable[[str], int] = lambda _: 10) -> list[str | None]:
         return [_claim_and_serve(db, work, model=model) for _ in range(n)]
 
-    light, heavy = _batch(db, "light", 40, model="w"), _batch(db, "heavy", 40, model="w")
+    light, heavy = (
+        _batch(db, "light", 40, model="w"),
+        _batch(db, "heavy", 40, model="w"),
+    )
     with session_scope(db) as session:
         schedule.set_weight(session, "heavy", 3.0)
     served = serve("w", 24)
@@ -128,18 +96,27 @@ def test_fair_share_in_work_done(db: Settings) -> None:
     assert dict(shares) == {"light": 60, "heavy": 180}
 
     # Work is tokens: requests three times the size get a third of the turns.
-    big, small = _batch(db, "big", 10, model="t"), _batch(db, "small", 10, model="t")
+    big, small = (
+        _batch(db, "big", 10, model="t"),
+        _batch(db, "small", 10, model="t"),
+    )
     served = serve("t", 8, lambda batch: 30 if batch == big else 10)
     assert served.count(big) == 2 and served.count(small) == 6
 
     # Inside a project, batches share the same way, the older first on ties.
-    first, second = _batch(db, "solo", 5, model="s"), _batch(db, "solo", 5, model="s")
+    first, second = (
+        _batch(db, "solo", 5, model="s"),
+        _batch(db, "solo", 5, model="s"),
+    )
     assert serve("s", 4) == [first, second, first, second]
 
 
 def test_at_risk_first_by_deadline_and_fifo_as_before(db: Settings) -> None:
     calm = _batch(db, "calm", 5)
-    late, later = _batch(db, "rush", 3, expires_in=3600), _batch(db, "rush2", 3, expires_in=7200)
+    late, later = (
+        _batch(db, "rush", 3, expires_in=3600),
+        _batch(db, "rush2", 3, expires_in=7200),
+    )
     with session_scope(db) as session:
         for batch_id in (later, late):
             expires_at = select(Batch.expires_at).where(Batch.id == batch_id).scalar_subquery()

@@ -26,6 +26,7 @@ from app.db.session import session_scope
 from app.endpoints import CHAT, EMBEDDINGS, GENERATIVE, POOLING
 from app.schemas.models import ANNOUNCEMENT_KEY, SWITCHING_KEY, Announcement, StandbyModel
 from app.services import schedule
+from tests.batch_sim import admitted_batch
 from tests.engine_fixtures import (
     ENGINE_ARGS,
     MODEL,
@@ -38,7 +39,6 @@ from tests.engine_fixtures import (
     wait_status,
 )
 from tests.reference_llm import REFERENCE_CHATS
-from tests.test_scheduling import _batch
 from worker import registry
 from worker.claim import models_with_work
 from worker.switching import Switches
@@ -108,8 +108,8 @@ def test_the_planner_expects_a_model_when_a_switching_worker_would_load_it(
     """model-b ran at 2 work/s half an hour ago; no worker runs it now, a switching worker
     holding the idle model-a would load it in 10 s."""
     now = time.time()
-    ended = _batch(settings, "p", 0, model="model-b")
-    waiting = _batch(settings, "p", 4, model="model-b")
+    ended = admitted_batch(settings, "p", 0, model="model-b")
+    waiting = admitted_batch(settings, "p", 4, model="model-b")
     with session_scope(settings) as session:
         batch = session.scalars(select(Batch).where(Batch.id == ended)).one()
         batch.status, batch.completed_at = BatchStatus.COMPLETED, int(now - 1790)
