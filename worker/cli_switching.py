@@ -1,13 +1,18 @@
 """`overnight worker --models A,B,…`: the options of a worker switching models by demand
 (`worker.switching`), and its start."""
 
+from __future__ import annotations
+
 import argparse
-import asyncio
 import logging
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from app.config import Settings
-from worker.health import Health
+if TYPE_CHECKING:  # `overnight worker --help` answers without importing the service
+    import asyncio
+
+    from app.config import Settings
+    from worker.health import Health
 
 log = logging.getLogger("overnight.worker")
 
