@@ -92,8 +92,8 @@ def own_parser() -> argparse.ArgumentParser:
         metavar="ORG/NAME",
         help="serve the LoRA adapters of this Hugging Face repo (repeatable): the repo as "
         "ORG/NAME if it holds adapter_config.json at its root, each folder holding one as "
-        "ORG/NAME/SUB; downloaded into the Hugging Face cache when a line first names it; "
-        "implies --enable-lora",
+        "ORG/NAME/SUB; listed at start and every five minutes, downloaded into the Hugging "
+        "Face cache when a line first names it; implies --enable-lora",
     )
     parser.add_argument(
         "--health-file",

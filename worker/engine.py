@@ -129,7 +129,7 @@ class VllmEngine:
         await self.client.wake_up()
 
     async def rescan_adapters(self) -> bool:
-        """Follow `--lora-dir`'s folder (a `--lora-repo` is listed once): whether the
+        """Follow `--lora-dir`'s folder and `--lora-repo`'s listing: whether the
         announcement changed."""
         if self.lora_adapters is None or not await self.lora_adapters.rescan():
             return False

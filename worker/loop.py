@@ -166,9 +166,12 @@ class Worker:
             return 1
         return 0
 
+    def _leaving(self) -> bool:
+        return self._leave is not None and self._leave.is_set()
+
     def _left(self) -> bool:
         """Told to leave (and not to stop), and every held shard has ended."""
-        leaving = self._leave is not None and self._leave.is_set() and not self._stop.is_set()
+        leaving = self._leaving() and not self._stop.is_set()
         return leaving and not self.active and self._fatal is None
 
     async def _record_stop(self) -> None:
@@ -187,7 +190,7 @@ class Worker:
             return False
         if self.health.state is not HealthState.READY or time.monotonic() < self._claim_after:
             return False
-        if self._leave is not None and self._leave.is_set():
+        if self._leaving():
             return False
         runs = self.active.values()
         return len(runs) < self.options.max_active_shards and all(r.fed_all.is_set() for r in runs)
