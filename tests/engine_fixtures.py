@@ -166,6 +166,7 @@ class WorkerProcess:
         self.model_args = model_args
         self.log_path = settings.data_dir / f"{name}.log"
         self.submissions_path = settings.data_dir / f"{name}.submissions"
+        self.finished_path = settings.data_dir / f"{name}.finished"
         self.health_path = settings.data_dir / f"{name}.health"
         environ = child_env(
             {
@@ -184,6 +185,7 @@ class WorkerProcess:
         # The model arguments first: a bare model id is taken there, as by `vllm serve`.
         command = [sys.executable, *self.PROGRAM, *model_args, "--worker-id", name]
         command += ["--submission-log", str(self.submissions_path)]
+        command += ["--finished-log", str(self.finished_path)]
         command += ["--health-file", str(self.health_path)]
         with open(self.log_path, "ab") as log_file:
             self.process = subprocess.Popen(
@@ -223,10 +225,12 @@ class WorkerProcess:
         return self.log_path.read_text(errors="replace")[-chars:]
 
     def submissions(self, batch_id: str) -> list[int]:
-        if not self.submissions_path.exists():
-            return []
-        lines = self.submissions_path.read_text().split()
-        return [int(n) for b, n in zip(lines[::2], lines[1::2], strict=True) if b == batch_id]
+        """The batch's lines in the order they went to the engine (a preempted one again)."""
+        return _lines_of(self.submissions_path, batch_id)
+
+    def finished(self, batch_id: str) -> list[int]:
+        """The batch's lines whose answers came back from the engine, in that order."""
+        return _lines_of(self.finished_path, batch_id)
 
     def descendants(self) -> list[psutil.Process]:
         try:
@@ -242,6 +246,13 @@ class WorkerProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+
+
+def _lines_of(log: Path, batch_id: str) -> list[int]:
+    if not log.exists():
+        return []
+    words = log.read_text().split()
+    return [int(n) for b, n in zip(words[::2], words[1::2], strict=True) if b == batch_id]
 
 
 class FakeWorkerProcess(WorkerProcess):

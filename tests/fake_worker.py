@@ -21,7 +21,7 @@ async def _serve(args: argparse.Namespace) -> int:
     install_signal_handlers(stop)
     health = Health(args.worker_id, args.health_file)
     if args.submission_log:
-        record_submissions(args.submission_log)
+        record_submissions(args.submission_log, args.finished_log)
     options = WorkerOptions(worker_id=args.worker_id)
     return await work(get_settings(), FakeEngine(delay=args.delay), options, health, stop)
 
@@ -30,6 +30,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.fake_worker")
     parser.add_argument("--worker-id", required=True)
     parser.add_argument("--submission-log")
+    parser.add_argument("--finished-log", help="with --submission-log: answers that came back")
     parser.add_argument("--health-file")
     parser.add_argument("--delay", type=float, default=0.05, help="seconds per request")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
