@@ -2,9 +2,9 @@
 
 `record_submissions(path, finished)` makes every worker this process starts append
 `batch_id line` to `path` as each request goes to the engine, and to `finished` as its
-answer comes back (not when it was stopped): its scheduler's engine is wrapped, and the jobs the scheduler is given name the line
-behind each request id. Unbuffered, so that the record survives a SIGKILL right after the
-request went out.
+answer comes back (not when it was stopped): its scheduler's engine is wrapped, and the
+jobs the scheduler is given name the line behind each request id. Unbuffered, so that the
+record survives a SIGKILL right after the request went out.
 """
 
 import os
