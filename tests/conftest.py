@@ -18,6 +18,25 @@ from tests.reference_llm import answers_in_background
 BACKENDS = ["sqlite", "postgresql"]
 
 
+def _spread_engines_over_cores() -> None:
+    """Each pytest-xdist worker's engines compute on a core of their own.
+
+    vLLM's `auto` binds every CPU engine's compute threads to the same core, keeping the last
+    one for schedulers and front ends: with three test processes starting engines at once,
+    one core did all their compute while the other was a third idle. An explicit binding per
+    test process spreads them. Tests of `overnight serve` start it in a user's environment
+    (no `VLLM_*`), so its own binding is what they see.
+    """
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    cores = sorted(os.sched_getaffinity(0))
+    if not worker.startswith("gw") or len(cores) < 2 or "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
+        return
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(cores[int(worker[2:]) % len(cores)])
+
+
+_spread_engines_over_cores()
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--backend", choices=[*BACKENDS, "all"], default="all", help="database backends to test"

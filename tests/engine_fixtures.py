@@ -290,14 +290,13 @@ D = TypeVar("D", bound=Deployment)
 def deployment(backend: str, data_dir: Path, **overrides: Any) -> Iterator[Deployment]:
     data_dir.mkdir(parents=True, exist_ok=True)
     with fresh_database(backend, data_dir, migrated=True) as url:
+        defaults: dict[str, Any] = {
+            "shard_lines": 16,
+            "lease_seconds": 6.0,
+            "housekeeping_interval_seconds": 0.5,
+        }
         settings = Settings(  # type: ignore[call-arg]
-            data_dir=data_dir,
-            database_url=url,
-            shard_lines=16,
-            lease_seconds=6.0,
-            housekeeping_interval_seconds=0.5,
-            _env_file=None,
-            **overrides,
+            data_dir=data_dir, database_url=url, _env_file=None, **(defaults | overrides)
         )
         with serving(settings, Deployment) as running:
             yield running

@@ -213,7 +213,10 @@ def test_one_worker_serves_several_models_switching_between_shards(
         ServedModel(name=MODEL, endpoints=list(GENERATIVE), source=str(smollm2)),
         ServedModel(name=BROKEN, endpoints=list(POOLING), source=str(broken)),
     ]
-    with deployment(backend, tmp_path / "deployment", models=listed) as running:
+    # The product's lease (30 s), not the engine tests' 6 s: on a loaded machine the first
+    # requests to a fresh engine have starved a 6 s lease, and a shard run twice for that
+    # would read as a switch in the middle of a shard.
+    with deployment(backend, tmp_path / "deployment", models=listed, lease_seconds=30) as running:
         env: dict[str, str | None] = {
             "OVERNIGHT_MODELS": json.dumps([m.model_dump() for m in listed])
         }
