@@ -157,6 +157,7 @@ def cosines(a: list[list[float]], b: list[list[float]]) -> list[float]:
     return list((x * y).sum(1) / np.linalg.norm(x, axis=1) / np.linalg.norm(y, axis=1))
 
 
+@pytest.mark.engine
 def test_embeddings_in_the_picked_dtype_point_as_float32s(
     picked: Deployment, float32_vectors: Callable[[], Any]
 ) -> None:
@@ -176,6 +177,7 @@ def test_embeddings_in_the_picked_dtype_point_as_float32s(
     assert max(cosines(ours[:-1], reference[1:])) < SAME_DIRECTION
 
 
+@pytest.mark.engine
 def test_the_chat_model_in_its_picked_dtype_names_the_capitals(picked: Deployment) -> None:
     picked.workers["chat"].wait_ready(timeout=900)
     lines = [
@@ -192,6 +194,7 @@ def test_the_chat_model_in_its_picked_dtype_names_the_capitals(picked: Deploymen
     assert "France" in named and len(named) >= ENOUGH_CAPITALS, answers
 
 
+@pytest.mark.engine
 def test_the_worker_shows_its_dtype_and_why(picked: Deployment) -> None:
     worker = picked.workers["minilm"]
     worker.wait_ready(timeout=900)

@@ -163,6 +163,7 @@ def hub_repo(noisy: Path, zero: Path, repo: Path) -> Path:
     return repo
 
 
+@pytest.mark.engine
 @pytest.mark.backends("sqlite")
 def test_base_and_adapter_lines_in_one_batch(smollm2: Path, tmp_path: Path, backend: str) -> None:
     zero_dir = build_adapter(smollm2, tmp_path / "zero", zero_b=True)

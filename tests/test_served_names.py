@@ -189,6 +189,7 @@ def test_the_dashboard_shows_what_each_worker_serves(
 # --- the real engine: a MiniLM worker under a name of its own ---------------------------------
 
 
+@pytest.mark.engine
 @pytest.mark.backends("sqlite")
 def test_a_worker_under_its_own_name_serves_batches(tmp_path: Path, backend: str) -> None:
     from worker.models import minilm_dir
