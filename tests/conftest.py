@@ -43,31 +43,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-# The longest files of a full run on the CI machine (5-14 minutes each), longest first.
-LONGEST_FILES = (
-    "test_worker_engine.py",
-    "test_run_batch_vllm_cases.py",
-    "test_switching.py",
-    "test_online.py",
-    "test_docs.py",
-)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The longest files first, then the others that start real engines, then the rest:
-    pytest-xdist hands files out in this order, so the long ones start early and the short
-    ones even out the end (an engine file handed out last ran alone for minutes while the
-    other test processes idled)."""
-    engine_files = {item.path for item in items if item.get_closest_marker("engine")}
-
-    def rank(item: pytest.Item) -> int:
-        if item.path.name in LONGEST_FILES:
-            return LONGEST_FILES.index(item.path.name)
-        return len(LONGEST_FILES) + (item.path not in engine_files)
-
-    items.sort(key=rank)
-
-
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "backend" in metafunc.fixturenames:
         chosen = metafunc.config.getoption("--backend")
