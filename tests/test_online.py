@@ -177,8 +177,8 @@ def test_online_requests_go_before_batch_requests_sent_earlier(online: Online) -
         batch_id = start_batch(client, jsonl(long))
         wait_until(lambda: len(in_engine()) >= window, 120, "a full window")
         time.sleep(0.5)  # every engine slot taken, the rest queued in the engine
-        waiting = in_engine()
         done_before = set(worker.finished(batch_id))
+        waiting = set(worker.submissions(batch_id)) - done_before
         asked = time.monotonic()
         body = online.post("/v1/chat/completions", chat_body(CHATS[2], max_tokens=8)).json()
         took = time.monotonic() - asked
