@@ -33,6 +33,7 @@ from bench.bench_per_request import (  # noqa: E402
     EMBED,
     URLS,
     PhaseLog,
+    answers_of,
     sentences,
     started,
     through_api,
@@ -109,11 +110,6 @@ def run_layout(name: str, sources: dict[str, Path], work: Path, chat_dir: Path) 
     return found
 
 
-def embeddings(output: bytes) -> list[Any]:
-    lines = sorted((orjson.loads(raw) for raw in output.splitlines()), key=lambda x: x["custom_id"])
-    return [line["response"]["body"]["data"][0]["embedding"] for line in lines]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--embeds", type=int, default=3000)
@@ -146,9 +142,13 @@ def main() -> None:
             ratio = f" ({found[m] / base[m]:.2f}x)" if base else ""
             cells.append(f"{found[m]:.1f}{ratio}")
         print(f"{name:10}" + "".join(f"{c:>20}" for c in cells))
-    reference = embeddings(next(iter(results.values()))[f"{EMBED} answers"])
+
+    def embeddings(found: dict[str, Any]) -> list[Any]:
+        return answers_of(EMBED, found[f"{EMBED} answers"], options.embeds)[0]
+
+    reference = embeddings(next(iter(results.values())))
     for name, found in results.items():
-        same = embeddings(found[f"{EMBED} answers"]) == reference
+        same = embeddings(found) == reference
         print(f"{name}: embeddings {'equal' if same else 'DIFFER'} to the first layout's")
 
 
