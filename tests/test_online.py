@@ -86,6 +86,10 @@ def online(
             keys |= {p: create_key(session, p)[1] for p in ("alpha", "beta")}
         port = free_port()
         flags = ["--max-num-seqs", str(MAX_NUM_SEQS), "--online-port", str(port)]
+        # These tests ask online at test pace, minutes apart on a loaded machine; by the mean
+        # gap rule the batch window would then stay small for 30 s after each online answer,
+        # longer than the next test's batch takes (the rule: tests/test_worker_scheduler.py).
+        flags += ["--online-quiet-gaps", "0"]
         worker = running.start_worker("online-1", [*smollm2_args(smollm2), *flags])
         worker.wait_ready(timeout=900)
         yield Online(running, worker, f"http://127.0.0.1:{port}", keys, answers)

@@ -22,8 +22,8 @@ class Collector:
     def engine_failed(self, error: BaseException) -> None:
         self.failures.append(error)
 
-    async def leased(self) -> None:
-        return None
+    async def leased(self) -> bool:
+        return True
 
 
 def chat(content: str, system: str = "", **extra: Any) -> dict[str, Any]:
@@ -167,6 +167,47 @@ def test_abort_drops_waiting_and_aborts_running() -> None:
     assert len(engine.aborted) == 2
     assert dropped == 5
     assert doomed.results == []
+    [(survivor, _, copied)] = other.results
+    assert survivor.line == 11 and not copied
+
+
+class LapsedSink(Collector):
+    """A shard run whose lease may have lapsed: its jobs wait, then the run ends (lost)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.over = asyncio.Event()
+
+    async def leased(self) -> bool:
+        await self.over.wait()
+        return False
+
+
+def test_a_run_that_ended_while_its_jobs_waited_sends_none_of_them() -> None:
+    """A worker frozen past its lease wakes, and its shard turns out taken over: the lines
+    that waited for a renewal, and those its feeder hands over after the loss, never reach
+    the engine (the new holder may have persisted them); a follower from another sink still
+    gets its answer."""
+
+    async def scenario() -> tuple[FakeEngine, LapsedSink, Collector]:
+        engine = FakeEngine(delay=0.01)
+        scheduler = Scheduler(engine, window=2, lookahead=10)
+        lapsed, other = LapsedSink(), Collector()
+        for i in range(3):
+            await scheduler.submit(job(lapsed, i, chat(f"l{i}")))
+        await scheduler.submit(job(lapsed, 10, chat("shared", temperature=0)))
+        await scheduler.submit(job(other, 11, chat("shared", temperature=0)))
+        await asyncio.sleep(0.05)
+        assert engine.calls == []  # all wait for the lease
+        lapsed.over.set()
+        await scheduler.submit(job(lapsed, 5, chat("l5")))  # the feeder, after the loss
+        await drain(scheduler, other, 1)
+        await asyncio.sleep(0.05)
+        return engine, lapsed, other
+
+    engine, lapsed, other = asyncio.run(scenario())
+    assert [body["messages"][-1]["content"] for body in engine.bodies()] == ["shared"]
+    assert lapsed.results == []
     [(survivor, _, copied)] = other.results
     assert survivor.line == 11 and not copied
 

@@ -35,8 +35,9 @@ class Sink(Protocol):
 
     def engine_failed(self, error: BaseException) -> None: ...
 
-    async def leased(self) -> None:
-        """Returns once the sink may have a request sent to the engine for it."""
+    async def leased(self) -> bool:
+        """Whether a request may go to the engine for the sink, once that is sure (False: the
+        sink's run is over, so nothing may)."""
 
 
 @dataclass(eq=False, slots=True)
@@ -242,8 +243,12 @@ class Scheduler:
 
     async def _run(self, job: Job) -> None:
         try:
-            if job.sink is not None:
-                await job.sink.leased()
+            if job.sink is not None and not await job.sink.leased():
+                # Its shard's run ended while it waited (a lost lease): nothing goes out.
+                self._leave(job)
+                self._promote(job)
+                self._pump()
+                return
             result = await self.engine.run(job.endpoint, job.body, job.engine_id)
         except asyncio.CancelledError:
             self._leave(job)

@@ -115,18 +115,20 @@ class ShardRun:
         self._engine_error = error
         self._wake.set()
 
-    async def leased(self) -> None:
-        """Returns once the lease is surely still this run's, or the run is over.
+    async def leased(self) -> bool:
+        """True once the lease is surely still this run's; False once the run is over.
 
-        The scheduler sends a request to the engine only then: a worker that was frozen (or
-        could not renew) for longer than `_lease_may_have_lapsed` allows first renews, and
-        one whose shard was taken over meanwhile sends none of its lines, which the new
-        holder may have persisted by now.
+        The scheduler sends a request to the engine only on True: a worker that was frozen
+        (or could not renew) for longer than `_lease_may_have_lapsed` allows first renews,
+        and one whose shard was taken over meanwhile sends none of its lines, which the new
+        holder may have persisted by now: neither those waiting here when the loss is found
+        nor those the feeder handed over after it.
         """
         while self._lease_may_have_lapsed() and not self._over:
             self._renewed.clear()
             self._wake.set()
             await self._renewed.wait()
+        return not self._over
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[Session]:
@@ -169,7 +171,7 @@ class ShardRun:
             if not batch:
                 break
             for line, custom_id, url, body in batch:
-                if self._stop_deadline is not None:
+                if self._stop_deadline is not None or self._over:
                     return
                 job = Job(self, self.lease.batch_id, url, line, custom_id, body)
                 self._outstanding += 1
@@ -233,6 +235,7 @@ class ShardRun:
 
     async def _lost(self) -> ShardOutcome:
         """Someone else may hold the shard: abort what runs; unrecorded results are dropped."""
+        self._over = True  # what the feeder still hands over is never sent
         self.fed_all.set()
         await self.scheduler.abort(self)
         return ShardOutcome.LOST
