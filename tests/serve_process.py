@@ -1,8 +1,8 @@
 """`overnight serve` run as a user runs it, in a scratch directory laid out like a checkout.
 
-The README's and the docs' example tests both start one: `.venv` linked in, the run's shared
-converted models linked into `data/models` (so no test converts SmolLM2 again), a free port,
-and none of the caller's `OVERNIGHT_*`, `OPENAI_*` or `VLLM_*` variables.
+The docs' example tests (the README's quick start among them) start one: `.venv` linked in,
+the run's shared converted models linked into `data/models` (so no test converts SmolLM2
+again), a free port, and none of the caller's `OVERNIGHT_*`, `OPENAI_*` or `VLLM_*` variables.
 """
 
 import os

@@ -2,7 +2,7 @@
 
 The worker is `worker.loop.Worker` with a scripted engine (tests/fake_engine.py), so a batch
 takes seconds and its pace is set per request; the vLLM path itself is covered by the engine
-tests and by tests/test_readme.py. Screenshots land in test-artifacts/.
+tests and by tests/test_docs.py. Screenshots land in test-artifacts/.
 """
 
 import os

@@ -1,6 +1,14 @@
 """The documentation site: it builds strictly, it names every setting, command and error code
 the code has, and every example of Getting started and the guides runs as written against one
 real `overnight serve` (Python, shell, and Node.js with the official `openai` npm package).
+
+The README's quick start runs as written against the same `overnight serve` afterwards, in a
+scratch checkout of its own (the one change in its blocks: the service's free port in place
+of `127.0.0.1:8000`). That server was started with the online guide's `--online`, which the
+quick start neither needs nor minds: one server, not two, each with an engine per bundled
+model. Last, the same `overnight serve` shows that a killed worker is replaced, its engine
+processes with it, and that Ctrl-C stops everything. Its data directory starts with the
+bundled SmolLM2 already converted (the run's shared copy: `models_data_dir`).
 """
 
 import argparse
@@ -8,22 +16,25 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
+import psutil
 import pytest
 
 from app.cli import build_parser
 from app.config import Settings
 from tests.doc_blocks import DOCS, REPO, RUNNABLE, Ran, blocks, example_pages, run
 from tests.harness import free_port
-from tests.serve_process import Served, serving
+from tests.serve_process import Served, serving, wait_until
 from worker.cli import own_parser
 
 # Blocks a reader runs elsewhere or not at all, by page and first line; every other block
@@ -373,3 +384,149 @@ def test_the_examples_run_as_written(page: str, server: DocsServer) -> None:
         assert ran == [], f"{page} has examples that run but nothing checks what they did"
         return
     check([r for r in ran if r.block.kind != "javascript"], served.workdir)
+
+
+# -- The README's quick start, run as written against the same `overnight serve` --
+
+README = REPO / "README.md"
+
+
+def quickstart_blocks() -> list[tuple[str, str]]:
+    text = README.read_text()
+    section = text[text.index("## Quick start") :]
+    section = section[: section.index("\n## ", 1)]
+    return re.findall(r"^```(bash|python)\n(.*?)^```", section, re.S | re.M)
+
+
+def test_banner_shows_the_way_in(server: DocsServer) -> None:
+    served = server.served
+    text = served.log.read_text()
+    assert f"API        {served.url}/v1" in text
+    assert f"Dashboard  {served.url}/dashboard" in text
+    assert f'client = OpenAI(base_url="{served.url}/v1", api_key="anything")' in text
+    assert (served.workdir / "data" / "overnight.db").exists()  # the embedded default
+
+
+def test_quickstart_blocks_run_as_written(server: DocsServer) -> None:
+    served = server.served
+    workdir = checkout_beside(served.workdir, "readme")
+    blocks = quickstart_blocks()
+    assert [kind for kind, _ in blocks].count("python") >= 1
+    assert sum("curl" in code for kind, code in blocks if kind == "bash") >= 1
+    outputs = []
+    for kind, code in blocks:
+        code = code.replace("127.0.0.1:8000", f"127.0.0.1:{served.port}")
+        command = ["bash", "-euo", "pipefail", "-c", code]
+        if kind == "python":
+            command = [sys.executable, "-c", code]
+        result = subprocess.run(
+            command, cwd=workdir, env=served.env, capture_output=True, text=True, timeout=900
+        )
+        assert result.returncode == 0, (
+            f"{kind} block failed:\n{code}\n{result.stdout}\n{result.stderr}"
+        )
+        outputs.append((kind, code, result.stdout))
+
+    def ids_in(text: str) -> set[str]:
+        found = set()
+        for line in text.splitlines():
+            if line.startswith('{"id":"batch_req_'):
+                record = orjson.loads(line)
+                assert record["response"]["status_code"] == 200 and record["error"] is None
+                found.add(record["custom_id"])
+        return found
+
+    sdk = next(out for kind, _c, out in outputs if kind == "python")
+    assert "completed" in sdk and ids_in(sdk) == {"greet", "haiku", "count"}
+    curl = next(out for kind, code, out in outputs if "curl" in code)
+    assert ids_in(curl) == {"greet", "haiku", "count"}
+    cli = (workdir / "requests.output.jsonl").read_text()
+    assert ids_in(cli) == {"greet", "haiku", "count"}
+    embeddings = [orjson.loads(x) for x in (workdir / "embeddings.jsonl").read_bytes().splitlines()]
+    assert sorted(e["custom_id"] for e in embeddings) == ["e1", "e2"]
+    assert len(embeddings[0]["response"]["body"]["data"][0]["embedding"]) == 384
+    offline = (workdir / "results.jsonl").read_text()
+    assert ids_in(offline) == {"greet", "haiku", "count"}
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _outliving(processes: list[psutil.Process], seconds: float) -> list[int]:
+    """The pids of `processes` still running `seconds` from now; as soon as none is, none."""
+    deadline = time.monotonic() + seconds
+    while (alive := [p.pid for p in processes if _running(p)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return alive
+
+
+def _running(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _pinned_cores(pid: int) -> set[int]:
+    """The cores that threads of `pid`'s engine processes are pinned to one by one: where vLLM
+    bound its compute threads."""
+    cores: set[int] = set()
+    for process in _descendants(pid):
+        for thread in process.threads():
+            try:
+                allowed = os.sched_getaffinity(thread.id)
+            except OSError:  # the thread ended meanwhile
+                continue
+            if len(allowed) == 1:
+                cores |= allowed
+    return cores
+
+
+def test_each_engine_computes_on_cores_of_its_own(server: DocsServer) -> None:
+    """The idle embedding engine takes no cycles from the chat engine's cores (issue 16)."""
+    served = server.served
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one core: there is nothing to share out")
+    workers = served.live_workers()
+    chat = _pinned_cores(int(str(workers["SmolLM2-135M-Instruct"]["pid"])))
+    embedding = _pinned_cores(int(str(workers["all-MiniLM-L6-v2"]["pid"])))
+    assert chat and embedding, (chat, embedding)
+    assert not chat & embedding, (chat, embedding)
+    assert max(os.sched_getaffinity(0)) in embedding
+
+
+def test_a_killed_worker_is_replaced_then_ctrl_c_stops_all(server: DocsServer) -> None:
+    """Last: it ends the module's `overnight serve`."""
+    served = server.served
+    chat = served.live_workers()["SmolLM2-135M-Instruct"]
+    old_pid = int(str(chat["pid"]))
+    engine = _descendants(old_pid)
+    assert engine, "the worker runs vLLM's engine core in child processes"
+    os.kill(old_pid, signal.SIGKILL)
+    assert _outliving(engine, 60) == [], "the dead worker's engine processes survived"
+    wait_until(
+        "a new chat worker",
+        served,
+        lambda: (
+            int(str(served.live_workers().get("SmolLM2-135M-Instruct", {}).get("pid", old_pid)))
+            != old_pid
+        ),
+    )
+    everything = _descendants(served.process.pid)
+    served.process.send_signal(signal.SIGINT)
+    assert served.process.wait(90) == 0
+    assert _outliving(everything, 1) == [], "processes outlived `overnight serve`"
+
+
+def checkout_beside(workdir: Path, name: str) -> Path:
+    """A second scratch checkout beside `serve`'s, on its data: the README's blocks write files
+    of the same names as the pages' blocks (and `run-batch` would resume the pages' run)."""
+    checkout = workdir / name
+    checkout.mkdir()
+    (checkout / ".venv").symlink_to(workdir / ".venv")
+    (checkout / "data").symlink_to(workdir / "data")
+    return checkout

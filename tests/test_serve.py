@@ -1,6 +1,6 @@
 """`overnight serve`: children in their own process groups, restarted when they die, stopped.
 
-The real engine under `overnight serve` is exercised by tests/test_readme.py; here the
+The real engine under `overnight serve` is exercised by tests/test_docs.py; here the
 supervision itself runs with small stand-in children, and `serve --no-workers` end to end.
 """
 
