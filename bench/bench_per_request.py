@@ -191,7 +191,9 @@ def run_raw(kind: str, model: str, dtype: str, texts: list[str], work: Path) -> 
     source.write_text(json.dumps(texts))
     command = [sys.executable, __file__, "_raw", kind, model, dtype, str(source), str(target)]
     done = subprocess.run(command, env=ENV, capture_output=True)
-    assert done.returncode == 0, done.stderr.decode(errors="replace")[-3000:]
+    # Only the result counts: vLLM's LLM, left to interpreter exit, sometimes aborts there
+    # ("terminate called without an active exception") after the result was written.
+    assert target.exists(), done.stderr.decode(errors="replace")[-3000:]
     got = json.loads(target.read_text())
     return Outcome(
         "raw vLLM", got["dtype"], got["phase"], got["cpu"], got["answers"], got["prompt_tokens"]

@@ -1,5 +1,6 @@
 """Engine processes die with a SIGKILLed owner; the worker command line passes vLLM's flags."""
 
+import gc
 import os
 import signal
 import subprocess
@@ -12,7 +13,7 @@ import psutil
 import pytest
 
 from app.config import Settings
-from worker import models
+from worker import models, python_gc
 from worker.cli import parse
 from worker.dtype import worker_dtype
 
@@ -66,6 +67,51 @@ def _fake_converted(data_dir: Path) -> Path:
     target.mkdir(parents=True)
     (target / ".overnight-converted").write_text("ok\n")
     return target
+
+
+THRESHOLDS_SEEN = textwrap.dedent(
+    """
+    import gc, multiprocessing, sys
+    import worker.process
+
+    def child(queue):
+        queue.put(gc.get_threshold())
+
+    if __name__ == "__main__":
+        worker.process.install()
+        context = multiprocessing.get_context("spawn")
+        queue = context.Queue()
+        process = context.Process(target=child, args=(queue,))
+        process.start()
+        print(queue.get(timeout=60))
+        process.join()
+    """
+)
+
+
+def test_engine_processes_collect_garbage_at_the_tuned_thresholds(tmp_path: Path) -> None:
+    """vLLM spawns its engine processes: the collector's thresholds reach them before the
+    imports of torch and vLLM, whose objects would otherwise be walked again and again."""
+    script = tmp_path / "owner.py"
+    script.write_text(THRESHOLDS_SEEN)
+    seen = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=Path(__file__).parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert seen.returncode == 0, seen.stderr
+    assert seen.stdout.strip() == str(python_gc.THRESHOLDS)
+    assert python_gc.THRESHOLDS != (700, 10, 10)  # CPython's own
+
+
+def test_a_running_engine_is_frozen_out_of_collections_until_it_stops() -> None:
+    engine = [object() for _ in range(1000)]
+    before = gc.get_freeze_count()
+    with python_gc.frozen_while_running():
+        assert gc.get_freeze_count() >= before + len(engine)
+    assert gc.get_freeze_count() == 0  # a stopped engine's cycles can be collected
 
 
 def test_served_names_resolve_to_bundled_models(tmp_path: Path) -> None:

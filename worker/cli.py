@@ -348,9 +348,10 @@ def main(argv: Sequence[str] | None = None, settings: Settings | None = None) ->
 
     from app.config import get_settings, reserve_cpu_kv_cache
     from app.logging import configure_logging, route_vllm_logs
-    from worker import process
+    from worker import process, python_gc
     from worker.media_guard import forbid_media_redirects
 
+    python_gc.tune()
     reserve_cpu_kv_cache()
     forbid_media_redirects()
     settings = settings or get_settings()

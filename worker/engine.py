@@ -18,6 +18,7 @@ from app.core.progress import usage_of
 from app.endpoints import canonical
 from app.logging import root_level_kept
 from app.schemas.models import ANNOUNCEMENT_KEY, Announcement, StandbyModel, announcement_in
+from worker import python_gc
 from worker.adapters import ADAPTER_LOAD_FAILED
 from worker.engine_gauges import EngineStats, Gauges
 from worker.engine_lora import adapter_rule, announced_adapters, loaded_adapters, lora_adapters
@@ -291,7 +292,8 @@ async def start_engine(args: Namespace, online: bool = False) -> AsyncIterator[V
         names = list(args.served_model_name or [args.model])
         dtype_reason = getattr(args, "dtype_reason", None)
         configuration = configuration_of(client.vllm_config, engine_args, dtype_reason)
-        yield VllmEngine(client, state, args, names, gauges, configuration, app)
+        with python_gc.frozen_while_running():
+            yield VllmEngine(client, state, args, names, gauges, configuration, app)
     finally:
         client.shutdown(timeout=vllm_config.shutdown_timeout)
 

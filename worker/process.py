@@ -30,10 +30,12 @@ def _set_pdeathsig(parent_pid: int) -> None:
 
 
 def _child_prefix() -> str:
-    # The log handler too: what a child logs before vLLM configures it has a home then.
+    # The log handler too: what a child logs before vLLM configures it has a home then; and
+    # the garbage collector's thresholds for the imports to come (worker.python_gc).
     return (
         f"try:\n import worker.process as _p; _p.die_with_parent({os.getpid()})\n"
         " import app.logging as _l; _l.configure_child()\n"
+        " import worker.python_gc as _g; _g.tune()\n"
         "except ImportError:\n pass\n"
     )
 

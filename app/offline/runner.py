@@ -204,8 +204,10 @@ async def _run_worker(settings: Settings, batch_id: str, args: argparse.Namespac
 
 def run_engine(settings: Settings, batch_id: str, engine_argv: list[str]) -> None:
     """Starts vLLM and the worker loop until the batch has ended, then stops vLLM."""
+    from worker import process
     from worker.cli import parse
 
+    process.install()  # as the worker's: vLLM's engine processes die with this one
     # Parsed here, not in the coroutine: a frame of the parse outlives it (held inside vLLM)
     # and with it its caller's frame; were that the coroutine holding the engine, vLLM's
     # AsyncLLM would live until interpreter exit, where its __del__ raises a TypeError.
@@ -299,6 +301,9 @@ def _configure_logging() -> None:
 
 def main(args: argparse.Namespace, engine_argv: list[str]) -> int:
     """`overnight run-batch`; returns the exit code."""
+    from worker import python_gc
+
+    python_gc.tune()
     _configure_logging()
     reserve_cpu_kv_cache()
     work_dir = Path(args.work_dir) if args.work_dir else default_work_dir(args.input_file)
