@@ -5,7 +5,7 @@ Importing torch and vLLM and starting an engine create millions of objects that 
 as the process. At CPython's default thresholds (a collection every 700 new objects) the
 cyclic collector walks them again and again: a third of an engine start's CPU on a 2-core
 EPYC (perf). Collecting every 50,000 new objects (the older generations at their usual
-ratios) takes an engine start about 12% less CPU there (`bench/bench_engine_start.py`).
+ratios) takes an engine start about 10% less CPU there (`bench/bench_engine_start.py`).
 
 Once the engine runs, what it created is frozen out of collections, as `vllm serve` does
 after its start: a collection in the hot loop then walks only what serving allocated since.
