@@ -1,6 +1,6 @@
 """What a cold start costs: vLLM's `run_batch` against `overnight run-batch`, on a tiny batch.
 
-    .venv/bin/python bench/bench_engine_start.py [--repeats 3] [--model ID]
+    .venv/bin/python bench/bench_engine_start.py [--repeats 3]
 
 Each runner, in turn and `--repeats` times, runs 8 short chats (max_tokens 4) on the bundled
 SmolLM2 (in the dtype overnight's worker picks) from a cold process: start, import, load,
@@ -49,11 +49,11 @@ def chats(path: Path) -> Path:
     return path
 
 
-def tree_cpu(command: list[str], cwd: Path) -> tuple[float, float]:
+def tree_cpu(command: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, float]:
     """Wall seconds and CPU seconds of `command` and every process under it."""
     started = time.monotonic()
     process = subprocess.Popen(
-        command, cwd=cwd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     root, seen = psutil.Process(process.pid), {}
     while process.poll() is None:
@@ -96,12 +96,12 @@ def main() -> None:
             str(work / "overnight.jsonl"), "--model", MODEL, *FLAGS,
         ],
     }  # fmt: skip
-    ENV["OVERNIGHT_DATA_DIR"] = str(work / "data")
+    env = {**ENV, "OVERNIGHT_DATA_DIR": str(work / "data")}  # the converted SmolLM2
     measured: dict[str, list[tuple[float, float]]] = {name: [] for name in runners}
     for repeat in range(args.repeats):
         for name, command in runners.items():
             shutil.rmtree(work / ".overnight-run-batch", ignore_errors=True)  # no resume
-            wall, cpu = tree_cpu(command, work)
+            wall, cpu = tree_cpu(command, work, env)
             measured[name].append((wall, cpu))
             print(f"  {repeat + 1}: {name}: {wall:.1f} s, {cpu:.1f} CPU-s", flush=True)
     print(f"\ncold start and 8 chats on {MODEL} ({dtype}), median of {args.repeats}")
