@@ -11,6 +11,7 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -328,7 +329,10 @@ def test_embeddings_batch(local: Deployment) -> None:
         "Stock markets fell sharply today.",
     ]
     lines = [line(f"e-{i}", EMBEDDINGS, {"model": MINILM, "input": t}) for i, t in enumerate(texts)]
-    lines.append(line("e-list", EMBEDDINGS, {"model": MINILM, "input": texts[:2]}))
+    listed_body = {"model": MINILM, "input": texts[:2], "encoding_format": "base64"}
+    lines.append(line("e-list", EMBEDDINGS, listed_body))
+    too_long = {"model": MINILM, "input": "word " * 400}  # MiniLM takes 256 tokens
+    lines.append(line("e-long", EMBEDDINGS, too_long))
     with local.client() as client:
         batch_id = start_batch(client, jsonl(lines), endpoint=EMBEDDINGS)
         batch = wait_status(client, batch_id, "completed", timeout=120)
@@ -344,13 +348,30 @@ def test_embeddings_batch(local: Deployment) -> None:
     listed = by_id["e-list"]["response"]["body"]
     assert listed["object"] == "list" and len(listed["data"]) == 2
     assert batch.usage is not None and batch.usage.input_tokens > 0
-    # The worker's online API answers from the same engine: the same vectors.
+    # The worker's online API is vLLM's own app (`vllm serve`'s routes) on the same engine:
+    # each batch line's status and body are what it answers to the same body, bar the
+    # request's own id and time.
     port = local.workers["minilm"].online_port()
-    online = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="-", max_retries=0)
-    answered = online.embeddings.create(model=MINILM, input=texts)
-    assert len(answered.data) == len(vectors)
-    for item, vector in zip(answered.data, vectors, strict=True):
-        assert item.embedding == pytest.approx(vector, abs=1e-5)
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as online:
+        for custom_id, body in [("e-0", lines_body(lines, 0)), ("e-list", listed_body)]:
+            answered = online.post("/v1/embeddings", json=body)
+            ours = by_id[custom_id]["response"]
+            assert ours["status_code"] == answered.status_code == 200
+            assert without_identity(ours["body"]) == without_identity(answered.json())
+        refused = online.post("/v1/embeddings", json=too_long)
+    long_line = by_id["e-long"]
+    assert long_line["response"]["status_code"] == refused.status_code == 400
+    message = refused.json()["error"]["message"]
+    assert "maximum context length" in message
+    assert long_line["response"]["body"]["error"]["message"] == message
+
+
+def lines_body(lines: list[bytes], index: int) -> dict[str, Any]:
+    return dict(orjson.loads(lines[index])["body"])
+
+
+def without_identity(body: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in body.items() if key not in ("id", "created")}
 
 
 def test_score_and_rerank_batches(local: Deployment) -> None:

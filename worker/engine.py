@@ -8,18 +8,19 @@ would answer. Everything else in the worker sees only `Engine`. Its parts: the r
 """
 
 from argparse import Namespace
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from typing import Any, Protocol
 
 import orjson
 
 from app.core.progress import usage_of
-from app.endpoints import canonical
+from app.endpoints import EMBEDDINGS, canonical
 from app.logging import root_level_kept
 from app.schemas.models import ANNOUNCEMENT_KEY, Announcement, StandbyModel, announcement_in
 from worker import python_gc
 from worker.adapters import ADAPTER_LOAD_FAILED
+from worker.engine_embeddings import TemplatedEmbeddings
 from worker.engine_gauges import EngineStats, Gauges
 from worker.engine_lora import adapter_rule, announced_adapters, loaded_adapters, lora_adapters
 from worker.engine_online import observe_online
@@ -31,7 +32,7 @@ from worker.engine_results import (
     validation_message,
     validation_param,
 )
-from worker.engine_routes import routes_of
+from worker.engine_routes import routes_of, run_pooling_inline
 from worker.traffic import OnlineTraffic
 
 # Under `--scheduling-policy priority` batch requests run after every online request (vLLM
@@ -97,7 +98,14 @@ class VllmEngine:
         self._running: dict[str, str] = {}
         self._error_type = ErrorResponse
         self._dead_type = VllmEngineDead
+        run_pooling_inline(state)
         self._routes = routes_of(state, args)
+        embedding = getattr(state, "serving_embedding", None)
+        self._embeddings = (
+            TemplatedEmbeddings(embedding, self._routes[EMBEDDINGS].validate, served_names)
+            if embedding is not None
+            else None
+        )
         self.adapter_rule = adapter_rule(engine_client, served_names)
         self.lora_adapters = lora_adapters(state, args, served_names)
         self._state = state
@@ -146,8 +154,6 @@ class VllmEngine:
         return None if self.adapter_rule is None else loaded_adapters(self._state)
 
     async def run(self, endpoint: str, body: dict[str, Any], request_id: str) -> EngineResult:
-        from starlette.responses import Response
-
         route = self._routes.get(canonical(endpoint))
         if route is None:
             return unrouted(canonical(endpoint), self.endpoints)
@@ -156,8 +162,16 @@ class VllmEngine:
                 return error_result(
                     400, f"'{flag}' is not supported in batch requests: set it to false.", flag
                 )
+        serve = route.serve
+        template = None
+        if self._embeddings is not None and canonical(endpoint) == EMBEDDINGS:
+            template = await self._embeddings.template_for(body)
         try:
-            request = route.validate(body)
+            if template is not None:
+                request = template.request_for(body)
+                serve = template.serve
+            else:
+                request = route.validate(body)
         except Exception as exc:
             return error_result(400, validation_message(exc), validation_param(exc))
         if self.lora_adapters is not None and (
@@ -171,15 +185,21 @@ class VllmEngine:
         if self.batch_priority is not None and "priority" in fields:
             request.priority = self.batch_priority + max(int(request.priority or 0), 0)
         try:
-            response = await route.serve(request)
+            return await self._answer(serve, request)
+        finally:
+            self._running.pop(request_id, None)
+
+    async def _answer(self, serve: Callable[[Any], Awaitable[Any]], request: Any) -> EngineResult:
+        from starlette.responses import Response
+
+        try:
+            response = await serve(request)
         except self._dead_type as exc:
             raise EngineDeadError(str(exc)) from exc
         except Exception as exc:
             from vllm.entrypoints.serve import create_error_response
 
             return from_vllm_error(create_error_response(exc))
-        finally:
-            self._running.pop(request_id, None)
         if isinstance(response, self._error_type):
             return from_vllm_error(response)
         if isinstance(response, Response):

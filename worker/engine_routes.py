@@ -4,6 +4,7 @@ Part of the engine adapter (vLLM 0.32's serving objects and request models, impo
 lazily), kept apart from `worker.engine`.
 """
 
+import asyncio
 from argparse import Namespace
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -71,6 +72,35 @@ def routes_of(state: Any, args: Namespace) -> dict[str, Route]:
         routes[RERANK] = Route(RerankRequest.model_validate, scores, "{}", "score-{}")
     routes.update(_speech_routes(state, args))
     return routes
+
+
+def run_pooling_inline(state: Any) -> None:
+    """Embeddings, scores and reranks answered without vLLM's thread pool.
+
+    vLLM 0.32's pooling serving hands each request's rendering (tokenization) and its
+    response building to a thread pool: two thread hops per request that cost more CPU than
+    the work they carry (a pooling input is at most the model's context, tokenized in tens
+    of microseconds). Run inline, as vLLM's own `LLM.embed` does, the steps and their
+    answers stay vLLM's; only the hops go (bench/bench_per_request.py measures it).
+    """
+    for name in ("serving_embedding", "serving_scores"):
+        if (serving := getattr(state, name, None)) is not None:
+            serving._postprocessing_async = _inline(serving._postprocessing)
+            serving.io_processor.render_async = _inline(serving.io_processor.render)
+
+
+def _inline(step: Callable[..., Any]) -> Callable[..., "asyncio.Future[Any]"]:
+    """`step` as its `make_async` wrapper is awaited, run at once on the loop's thread."""
+
+    def run(*args: Any, **kwargs: Any) -> "asyncio.Future[Any]":
+        future = asyncio.get_running_loop().create_future()
+        try:
+            future.set_result(step(*args, **kwargs))
+        except Exception as exc:
+            future.set_exception(exc)
+        return future
+
+    return run
 
 
 def _messages_routes(state: Any) -> dict[str, Route]:
