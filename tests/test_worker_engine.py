@@ -1,19 +1,23 @@
 """End to end on the real vLLM CPU engine: SDK upload → batch → API validator → worker → finalizer.
 
-One SQLite deployment (API server + a SmolLM2 worker + a MiniLM worker) serves most tests;
-PostgreSQL gets a deployment with two workers sharing one batch. Engine starts are the cost
-here (~30 s each on 2 cores), so every engine is started once and shared.
+One SQLite deployment (API server + a SmolLM2 worker + a MiniLM worker, both in the dtype the
+worker's rule picks) serves most tests, the picked dtype's checks among them; PostgreSQL gets a
+deployment with two workers sharing one batch. Engine starts are the cost here (~30 s each on
+2 cores), so every engine is started once and shared.
 """
 
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import openai
 import orjson
 import psutil
@@ -29,9 +33,12 @@ from app.services.batches import create_batch
 from tests.batch_sim import load_batch, store_input_file
 from tests.engine_fixtures import (
     CHAT,
+    ENGINE_ENV,
     MODEL,
+    REPO,
     Deployment,
     chat_line,
+    child_env,
     deployment,
     file_lines,
     jsonl,
@@ -44,7 +51,9 @@ from tests.engine_fixtures import (
     wait_status,
 )
 from tests.harness import free_port
+from tests.reference_embeddings import SENTENCES
 from tests.reference_llm import REFERENCE_CHATS
+from worker.dtype import FLOAT32, worker_dtype
 
 pytestmark = pytest.mark.engine
 
@@ -540,3 +549,97 @@ def test_two_projects_progress_together_and_the_later_small_batch_ends_first(
             wait_status(client, big, "completed", timeout=240)
         except AssertionError as stuck:
             raise AssertionError(f"{stuck}\n{local.workers['chat-1'].tail(20000)}") from None
+
+
+# --- the dtype each worker picked (worker/dtype.py; its rule per CPU kind: tests/test_dtype.py)
+# answers correctly here, and the worker shows it. `local`'s workers leave the dtype to the rule.
+
+CAPITALS = {
+    "France": "Paris", "Germany": "Berlin", "Italy": "Rome", "Spain": "Madrid",
+    "Japan": "Tokyo", "Egypt": "Cairo", "Russia": "Moscow", "China": "Beijing",
+    "Greece": "Athens", "Portugal": "Lisbon", "Austria": "Vienna", "United Kingdom": "London",
+}  # fmt: skip
+# Below float32's own count by a margin for greedy flips: where a dtype's kernels lose too much
+# the model names almost none (bfloat16 on an AMX Xeon answered France with "L'Étoile").
+ENOUGH_CAPITALS = 9
+# bfloat16 keeps 8 bits of mantissa: MiniLM's bfloat16 vectors had a cosine of 0.99993 or more
+# with float32's here (float16's 0.999999), ten times inside this bound. A kernel that computes
+# wrongly (overflow, a wrong accumulation type) turns the vector well away from it, and two
+# unrelated sentences of SENTENCES are far below it.
+SAME_DIRECTION = 0.999
+
+
+@pytest.fixture(scope="module")
+def float32_vectors(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[], Any]]:
+    """Raw vLLM's float32 embeddings of SENTENCES, computed while the workers start."""
+    target = tmp_path_factory.mktemp("reference") / "float32.json"
+    command = [sys.executable, "-m", "tests.reference_embeddings", FLOAT32, str(target)]
+    log = target.with_suffix(".log").open("wb")
+    child = subprocess.Popen(
+        command, env=child_env(ENGINE_ENV), cwd=REPO, stdout=log, stderr=subprocess.STDOUT
+    )
+
+    def vectors() -> Any:
+        failed = child.wait(timeout=900) != 0
+        assert not failed, target.with_suffix(".log").read_text(errors="replace")[:6000]
+        return json.loads(target.read_text())
+
+    yield vectors
+    child.kill()
+    log.close()
+
+
+def cosines(a: list[list[float]], b: list[list[float]]) -> list[float]:
+    x, y = np.array(a), np.array(b)
+    return list((x * y).sum(1) / np.linalg.norm(x, axis=1) / np.linalg.norm(y, axis=1))
+
+
+@pytest.mark.engine
+def test_embeddings_in_the_picked_dtype_point_as_float32s(
+    local: Deployment, float32_vectors: Callable[[], Any]
+) -> None:
+    local.workers["minilm"].wait_ready(timeout=900)
+    lines = [
+        line(f"e{i}", EMBEDDINGS, {"model": MINILM, "input": s}) for i, s in enumerate(SENTENCES)
+    ]
+    with local.client() as client:
+        batch_id = start_batch(client, jsonl(lines), endpoint=EMBEDDINGS)
+        by_id = results(client, wait_status(client, batch_id, "completed", timeout=300))
+    ours = [
+        by_id[f"e{i}"]["response"]["body"]["data"][0]["embedding"] for i in range(len(SENTENCES))
+    ]
+    reference = float32_vectors()
+    assert min(cosines(ours, reference)) >= SAME_DIRECTION
+    # Different sentences stay apart: the check above could not pass on a constant vector.
+    assert max(cosines(ours[:-1], reference[1:])) < SAME_DIRECTION
+
+
+@pytest.mark.engine
+def test_the_chat_model_in_its_picked_dtype_names_the_capitals(local: Deployment) -> None:
+    local.workers["chat-1"].wait_ready(timeout=900)
+    lines = [
+        chat_line(country, f"What is the capital of {country}?", max_tokens=24, temperature=0)
+        for country in CAPITALS
+    ]
+    with local.client() as client:
+        batch_id = start_batch(client, jsonl(lines))
+        by_id = results(client, wait_status(client, batch_id, "completed", timeout=300))
+    answers = {
+        c: by_id[c]["response"]["body"]["choices"][0]["message"]["content"] for c in CAPITALS
+    }
+    named = [c for c, city in CAPITALS.items() if city in answers[c]]
+    assert "France" in named and len(named) >= ENOUGH_CAPITALS, answers
+
+
+@pytest.mark.engine
+def test_the_worker_shows_its_dtype_and_why(local: Deployment) -> None:
+    worker = local.workers["minilm"]
+    worker.wait_ready(timeout=900)
+    here = worker_dtype(None)
+    assert f"dtype {here}" in worker.log_path.read_text(errors="replace")
+    with httpx.Client(base_url=local.server.url, timeout=60) as http:
+        page = http.get("/dashboard/workers/minilm").text
+        feed = http.get("/dashboard/api/workers/minilm").json()
+    effective = {pair["key"]: pair["value"] for pair in feed["effective"]}
+    assert (effective["dtype"], effective["dtype_reason"]) == (here.dtype, here.reason)
+    assert here.reason.replace("'", "&#39;") in page
