@@ -21,7 +21,7 @@ from app.schemas.models import ANNOUNCEMENT_KEY, Announcement, StandbyModel, ann
 from worker import python_gc
 from worker.adapters import ADAPTER_LOAD_FAILED
 from worker.engine_embeddings import TemplatedEmbeddings
-from worker.engine_gauges import EngineStats, Gauges
+from worker.engine_gauges import EngineStats, Gauges, unscraped_prometheus
 from worker.engine_lora import adapter_rule, announced_adapters, loaded_adapters, lora_adapters
 from worker.engine_online import observe_online
 from worker.engine_results import (
@@ -294,7 +294,7 @@ async def start_engine(args: Namespace, online: bool = False) -> AsyncIterator[V
         enable_log_requests=engine_args.enable_log_requests,
         aggregate_engine_logging=engine_args.aggregate_engine_logging,
         disable_log_stats=engine_args.disable_log_stats,
-        stat_loggers=[gauges.logger],
+        stat_loggers=[gauges.logger, unscraped_prometheus()],
     )
     try:
         await client.reset_mm_cache()
