@@ -337,7 +337,8 @@ def test_embeddings_batch(local: Deployment) -> None:
         "A kitten rests on a rug.",
         "Stock markets fell sharply today.",
     ]
-    lines = [line(f"e-{i}", EMBEDDINGS, {"model": MINILM, "input": t}) for i, t in enumerate(texts)]
+    bodies = [{"model": MINILM, "input": t} for t in texts]
+    lines = [line(f"e-{i}", EMBEDDINGS, body) for i, body in enumerate(bodies)]
     listed_body = {"model": MINILM, "input": texts[:2], "encoding_format": "base64"}
     lines.append(line("e-list", EMBEDDINGS, listed_body))
     too_long = {"model": MINILM, "input": "word " * 400}  # MiniLM takes 256 tokens
@@ -362,7 +363,7 @@ def test_embeddings_batch(local: Deployment) -> None:
     # request's own id and time.
     port = local.workers["minilm"].online_port()
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as online:
-        for custom_id, body in [("e-0", lines_body(lines, 0)), ("e-list", listed_body)]:
+        for custom_id, body in [("e-0", bodies[0]), ("e-list", listed_body)]:
             answered = online.post("/v1/embeddings", json=body)
             ours = by_id[custom_id]["response"]
             assert ours["status_code"] == answered.status_code == 200
@@ -373,10 +374,6 @@ def test_embeddings_batch(local: Deployment) -> None:
     message = refused.json()["error"]["message"]
     assert "maximum context length" in message
     assert long_line["response"]["body"]["error"]["message"] == message
-
-
-def lines_body(lines: list[bytes], index: int) -> dict[str, Any]:
-    return dict(orjson.loads(lines[index])["body"])
 
 
 def without_identity(body: dict[str, Any]) -> dict[str, Any]:

@@ -154,9 +154,10 @@ class VllmEngine:
         return None if self.adapter_rule is None else loaded_adapters(self._state)
 
     async def run(self, endpoint: str, body: dict[str, Any], request_id: str) -> EngineResult:
-        route = self._routes.get(canonical(endpoint))
+        url = canonical(endpoint)
+        route = self._routes.get(url)
         if route is None:
-            return unrouted(canonical(endpoint), self.endpoints)
+            return unrouted(url, self.endpoints)
         for flag in ("stream", "background"):
             if body.get(flag):
                 return error_result(
@@ -164,7 +165,7 @@ class VllmEngine:
                 )
         serve = route.serve
         template = None
-        if self._embeddings is not None and canonical(endpoint) == EMBEDDINGS:
+        if self._embeddings is not None and url == EMBEDDINGS:
             template = await self._embeddings.template_for(body)
         try:
             if template is not None:
