@@ -35,10 +35,21 @@ from tests.engine_fixtures import chat_line, jsonl
 from tests.fake_engine import MODEL, FakeEngine
 from tests.test_finalizer import lines_of
 from worker import claim
+from worker.engine_results import EngineResult
 from worker.scheduler import Scheduler
 from worker.shard import RunOptions, ShardRun
 
 FAST, SLOW = 0.0, 2.0
+
+
+class SlowUntilStopped(FakeEngine):
+    """FakeEngine, but a SLOW line answers only when its run stops it: a test that stops a
+    run once some lines are recorded must not depend on how soon that is (on a busy machine,
+    the SLOW lines had ended first)."""
+
+    async def run(self, endpoint: str, body: dict[str, Any], request_id: str) -> EngineResult:
+        held = {**body, "delay": 3600.0} if body.get("delay") == SLOW else body
+        return await super().run(endpoint, held, request_id)
 
 
 @pytest.fixture
@@ -235,7 +246,7 @@ def test_a_chunk_recorded_by_a_commit_whose_reply_was_lost_is_kept(
 def test_a_chunk_deleted_behind_the_workers_back_runs_again(db: Settings) -> None:
     batch_id, ids = new_batch(db, [FAST] * 3 + [0.3] * 3 + [SLOW] * 2)
     first = take_shard(db, "w1")
-    _run, outcome = run_shard(db, first, FakeEngine(), stop_when=lambda r: r.recorded >= 6)
+    _run, outcome = run_shard(db, first, SlowUntilStopped(), stop_when=lambda r: r.recorded >= 6)
     assert outcome is ShardOutcome.RELEASED
     keys = chunk_keys(db, first.shard_id)
     lost, kept = keys[0], keys[1:]
@@ -279,7 +290,7 @@ def test_a_chunk_lost_before_finalization_runs_again(db: Settings) -> None:
 def test_a_chunk_lost_in_a_cancelled_batch_ends_cancelled(db: Settings) -> None:
     batch_id, ids = new_batch(db, [FAST] * 3 + [SLOW] * 3)
     first = take_shard(db, "w1")
-    run_shard(db, first, FakeEngine(), stop_when=lambda r: r.recorded >= 3)
+    run_shard(db, first, SlowUntilStopped(), stop_when=lambda r: r.recorded >= 3)
     [lost, *_] = chunk_keys(db, first.shard_id)
     lost_ids = ids_in(db, [lost])
     storage_of(db).delete(lost)
