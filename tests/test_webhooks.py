@@ -177,11 +177,14 @@ def test_a_failing_then_hanging_receiver_gets_it_with_the_same_webhook_id(
         assert len({a.body for a in attempts}) == 1
         gaps = [b.at - a.at for a, b in itertools.pairwise(attempts)]
         # Each retry waits at least its backoff, which doubles (0.2 s, 0.4 s, 0.8 s); the third
-        # also waited out the 1 s timeout. Lower bounds only: a busy machine adds, never takes.
+        # also waited out the 1 s timeout. The times are the receiver's: an attempt handed
+        # over late on a busy machine lengthens the gap before it and shortens the one after
+        # (seen: a third attempt 1 s late, then a gap of 0.88 s), so the lower bound is on the
+        # whole run, from the first attempt, which follows no other.
         waits = [backoff_seconds(fast, n) for n in (1, 2, 3)]
         assert waits == [0.2, 0.4, 0.8]
         waits[2] += fast.webhook_timeout_seconds
-        assert all(gap >= wait * 0.95 for gap, wait in zip(gaps, waits, strict=True)), gaps
+        assert sum(gaps) >= sum(waits) * 0.95, gaps
         assert unwrap(endpoint.signing_secret, attempts[-1]).type == "batch.failed"
         deadline = time.monotonic() + 10
         while True:
