@@ -344,6 +344,7 @@ def test_embeddings_batch(local: Deployment) -> None:
     lines.append(line("e-list", EMBEDDINGS, listed_body))
     too_long = {"model": MINILM, "input": "word " * 400}  # MiniLM takes 256 tokens
     lines.append(line("e-long", EMBEDDINGS, too_long))
+    lines.append(line("e-0-again", EMBEDDINGS, bodies[0]))  # answered once, copied
     with local.client() as client:
         batch_id = start_batch(client, jsonl(lines), endpoint=EMBEDDINGS)
         batch = wait_status(client, batch_id, "completed", timeout=120)
@@ -356,6 +357,9 @@ def test_embeddings_batch(local: Deployment) -> None:
         return dot / (sum(x * x for x in a) ** 0.5 * sum(y * y for y in b) ** 0.5)
 
     assert cosine(vectors[0], vectors[1]) > cosine(vectors[0], vectors[2]) + 0.2
+    first, again = by_id["e-0"]["response"]["body"], by_id["e-0-again"]["response"]["body"]
+    assert again["data"] == first["data"] and again["usage"] == first["usage"]
+    assert again["id"] != first["id"] and again["id"].startswith("embd-")
     listed = by_id["e-list"]["response"]["body"]
     assert listed["object"] == "list" and len(listed["data"]) == 2
     assert batch.usage is not None and batch.usage.input_tokens > 0

@@ -201,13 +201,16 @@ class VllmEngine:
             from vllm.entrypoints.serve import create_error_response
 
             return from_vllm_error(create_error_response(exc))
+        if isinstance(response, EngineResult):  # already answered (`engine_embeddings`)
+            return response
         if isinstance(response, self._error_type):
             return from_vllm_error(response)
         if isinstance(response, Response):
-            payload = orjson.loads(bytes(response.body))
+            rendered = bytes(response.body)
+            payload = orjson.loads(rendered)
             if response.status_code >= 400 and isinstance(payload, dict) and "error" in payload:
                 return from_vllm_error(self._error_type.model_validate(payload))
-            return EngineResult(response.status_code, payload, usage_of(payload))
+            return EngineResult(response.status_code, rendered, usage_of(payload))
         if hasattr(response, "model_dump"):
             payload = response.model_dump(mode="json")
             return EngineResult(200, payload, usage_of(payload))

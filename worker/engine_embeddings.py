@@ -14,6 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from app.core.progress import usage_of
+from worker.engine_results import EngineResult
+
 # The shapes whose lines take the template: the embedding request's own scalar options.
 SHAPE_KEYS = frozenset(
     {
@@ -51,8 +54,11 @@ class Template:
         return self.request.model_copy(update={"input": body["input"]})
 
     async def serve(self, request: Any) -> Any:
-        """`PoolingBaseServing.__call__` from its context on: vLLM's steps and answer."""
+        """`PoolingBaseServing.__call__` from its context on: vLLM's steps and answer, a JSON
+        answer as its rendered bytes with the usage vLLM put in them (neither parsed again)."""
+        from starlette.responses import JSONResponse
         from vllm.entrypoints.pooling.typing import PoolingServeContext
+        from vllm.entrypoints.pooling.utils import get_pooling_usage_payload
 
         serving = self.serving
         context = PoolingServeContext(
@@ -68,7 +74,11 @@ class Template:
         await serving._preprocessing(io, context)
         await serving._prepare_generators(context)
         await serving._collect_batch(context)
-        return await serving._postprocessing_async(io, context)
+        answer = await serving._postprocessing_async(io, context)
+        if not isinstance(answer, JSONResponse) or answer.status_code != 200:
+            return answer
+        usage = usage_of({"usage": get_pooling_usage_payload(context.final_res_batch)})
+        return EngineResult(200, bytes(answer.body), usage)
 
 
 def shape_of(body: dict[str, Any]) -> tuple[tuple[str, Any], ...] | None:

@@ -8,21 +8,37 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
+import orjson
+
 from app.core.progress import Usage
 from app.endpoints import SUPPORTED
 
 
 @dataclass(frozen=True)
 class EngineResult:
-    """One line's answer: the HTTP status and JSON body the endpoint would send."""
+    """One line's answer: the HTTP status and JSON body the endpoint would send.
+
+    The body is a dict, or the JSON bytes vLLM's serving rendered for it (an embedding's
+    vectors): those go into the output line as they are, not parsed and encoded again.
+    """
 
     status_code: int
-    body: dict[str, Any]
+    body: dict[str, Any] | bytes
     usage: Usage
 
     @property
     def ok(self) -> bool:
         return 200 <= self.status_code < 300
+
+    def parsed_body(self) -> dict[str, Any]:
+        if isinstance(self.body, bytes):
+            parsed: dict[str, Any] = orjson.loads(self.body)
+            return parsed
+        return self.body
+
+    def body_json(self) -> dict[str, Any] | orjson.Fragment:
+        """The body for `orjson.dumps`: rendered bytes embedded unchanged."""
+        return orjson.Fragment(self.body) if isinstance(self.body, bytes) else self.body
 
 
 def error_result(

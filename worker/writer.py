@@ -28,10 +28,12 @@ class Chunk:
 
 def output_line(job: Job, result: EngineResult, copied: bool) -> dict[str, Any]:
     """The output/error file line for a job, with its own `batch_req_…` and `req_…` ids."""
-    body = result.body
-    if copied and isinstance(body.get("id"), str) and "-" in body["id"]:
-        # A copied answer gets an id of its own, in the engine's format.
-        body = {**body, "id": f"{body['id'].split('-', 1)[0]}-{job.engine_id}"}
+    body = result.body_json()
+    if copied:
+        parsed = result.parsed_body()
+        if isinstance(parsed.get("id"), str) and "-" in parsed["id"]:
+            # A copied answer gets an id of its own, in the engine's format.
+            body = {**parsed, "id": f"{parsed['id'].split('-', 1)[0]}-{job.engine_id}"}
     return {
         "id": new_batch_request_id(),
         "custom_id": job.custom_id,
