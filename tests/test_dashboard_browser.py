@@ -494,6 +494,26 @@ def start_batch_with(sdk: openai.OpenAI, lines: list[bytes], metadata: dict[str,
     return batch.id
 
 
+def assert_polls_leave_rows_in_place(page: Page, feed: str, *lists: str) -> None:
+    """Two refreshes from `feed` change nothing in `lists`, so they move no row: a row moved
+    in the DOM, even back to its place, loses a click whose press and release straddle it."""
+    page.evaluate(
+        """(lists) => {
+            window.rowMoves = 0;
+            const watch = new MutationObserver((seen) => { window.rowMoves += seen.length; });
+            for (const list of lists) {
+                watch.observe(document.querySelector(list), { childList: true });
+            }
+        }""",
+        list(lists),
+    )
+    for _ in range(2):
+        with page.expect_response(lambda r: r.url.endswith(feed) and r.ok):
+            pass
+    page.evaluate("() => new Promise(requestAnimationFrame)")  # the refresh has been applied
+    assert page.evaluate("window.rowMoves") == 0
+
+
 def test_webhook_endpoints_page(browser: Browser, settings: Settings, backend: str) -> None:
     """Create, test, edit, disable, rotate and delete an endpoint from the page, with a real
     receiver on loopback: every delivery it gets verifies with the secret the page showed."""
@@ -530,6 +550,8 @@ def test_webhook_endpoints_page(browser: Browser, settings: Settings, backend: s
         expect(row.locator('[data-field="status"]')).to_have_text("delivered")
         expect(row.locator('[data-field="http"]')).to_have_text("200")
         expect(row.locator('[data-field="latency"]')).to_contain_text(" ms")
+        feed = "/dashboard/api/webhooks"
+        assert_polls_leave_rows_in_place(page, feed, "#webhooks", "#webhooks tbody")
 
         card.locator("details.edit summary").click()
         card.locator("form input[name=name]").fill("nightly")

@@ -133,7 +133,12 @@ function syncRows(container, rows) {
     fill(node, row);
     return node;
   });
-  container.replaceChildren(...wanted);
+  // Only rows that are new, gone or out of order are touched: a row moved in the DOM (even
+  // back to where it was) loses a click whose press and release straddle the poll.
+  wanted.forEach((node, i) => {
+    if (container.children[i] !== node) container.insertBefore(node, container.children[i] || null);
+  });
+  while (container.children.length > wanted.length) container.lastElementChild.remove();
   const table = container.closest("table");
   if (table) table.classList.toggle("is-empty", rows.length === 0);
   for (const note of document.querySelectorAll(`[data-show-empty="${container.id}"]`)) {
