@@ -14,7 +14,7 @@ from contextlib import AbstractContextManager, contextmanager
 from typing import TypeVar
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.exc import DBAPIError
 
 from app.config import Settings
@@ -74,8 +74,8 @@ def _after_db_time(settings: Settings, seconds: float) -> None:
         time.sleep(0.1)
 
 
-def _batch(settings: Settings, status: BatchStatus, *, expires_in: float = 86400) -> str:
-    """A batch of one one-line shard, expiring `expires_in` seconds from the database's now."""
+def _batch(settings: Settings, status: BatchStatus) -> str:
+    """A batch of one one-line shard, expiring a day from the database's now."""
     with session_scope(settings) as session:
         project_id = ensure_project(session, "clocks").id
     file_id = store_input_file(settings, b'{"custom_id": "a"}\n', project_id)
@@ -90,7 +90,7 @@ def _batch(settings: Settings, status: BatchStatus, *, expires_in: float = 86400
             completion_window="24h",
             status=status,
             created_at=int(now),
-            expires_at=int(now + expires_in),
+            expires_at=int(now + 86400),
             total=1,
         )
         session.add(batch)
@@ -154,11 +154,16 @@ def test_a_stopped_holders_shard_is_taken_after_the_ttl_by_a_slow_clock(
 
 
 def test_a_slow_clock_sees_its_batch_expire(settings: Settings, skewed: Skew) -> None:
-    batch_id = _batch(settings, BatchStatus.IN_PROGRESS, expires_in=2)
+    batch_id = _batch(settings, BatchStatus.IN_PROGRESS)
     with skewed(-SKEW):
         held = _claim(settings, "behind")
         assert held is not None
-        _after_db_time(settings, 2)
+        # The window ends once the shard is held (a batch made to expire 2 s after its
+        # creation had expired before a busy machine claimed it).
+        ends = int(_db_now(settings))
+        with session_scope(settings) as session:
+            session.execute(update(Batch).where(Batch.id == batch_id).values(expires_at=ends))
+        _after_db_time(settings, 1)
         with session_scope(settings) as session:
             state = claim.checkpoint(session, held)
         assert state is not None and state.should_stop() is ShardOutcome.EXPIRED
