@@ -94,14 +94,18 @@ class StallingReceiver:
 
     url: str = ""
     requests: int = 0
-    open: int = 0  # connections it is answering now
     # The most connections open at once, as the kernel sees them when one arrives: a
     # connection the client has closed counts no more, though the thread answering it may
     # not have run since (on a busy machine it lagged by seconds, and counted it).
     most_open: int = 0
     sent: int = 0  # bytes of answers it got out
     lock: threading.Lock = field(default_factory=threading.Lock)
-    sockets: set[socket.socket] = field(default_factory=set)
+    sockets: set[socket.socket] = field(default_factory=set)  # the connections it answers
+
+    @property
+    def open(self) -> int:
+        """How many connections it is answering now."""
+        return len(self.sockets)
 
     def wait_for(self, count: int, timeout: float = 30) -> None:
         deadline = time.monotonic() + timeout
@@ -118,7 +122,6 @@ def stalling_receiver(stall: Stall = DRIP) -> Iterator[StallingReceiver]:
     class Handler(socketserver.BaseRequestHandler):
         def handle(self) -> None:
             with state.lock:
-                state.open += 1
                 state.sockets.add(self.request)
                 live = sum(1 for sock in state.sockets if not _closed_by_client(sock))
                 state.most_open = max(state.most_open, live)
@@ -131,7 +134,6 @@ def stalling_receiver(stall: Stall = DRIP) -> Iterator[StallingReceiver]:
                 pass  # the client hung up
             finally:
                 with state.lock:
-                    state.open -= 1
                     state.sockets.discard(self.request)
 
         def _stall(self, sock: socket.socket) -> None:
