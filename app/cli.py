@@ -33,6 +33,12 @@ RUN_BATCH_VLLM_HELP = (
 )
 
 
+SERVE_WORKER_HELP = (
+    "Every other argument goes to each worker, as `overnight worker` takes it: worker options "
+    "and vLLM's engine arguments (--enforce-eager, --max-model-len, --max-num-seqs, ...)."
+)
+
+
 def _settings(args: argparse.Namespace) -> "Settings":
     from app.config import get_settings
 
@@ -134,6 +140,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from app.supervisor import serve
 
     settings = _settings(args)
+    engine_args = _worker_arguments(args.extra)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     upgrade(settings.sqlalchemy_url)
     # Raises on an unsafe bind; the API child logs the access line, once.
@@ -144,7 +151,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise SystemExit(f"overnight: not a served model: {', '.join(unknown)} (served: {served})")
     configure_logging(settings.log_level, settings.log_format)
     online = args.online_port if args.online else None
-    return serve(settings, models, open_mode=access.started_open, online_port=online)
+    return serve(settings, models, access.started_open, online, engine_args)
+
+
+def _worker_arguments(extra: Sequence[str]) -> list[str]:
+    """What `serve` gives each worker, checked before anything starts (imports vLLM only when
+    there is something to check)."""
+    if not extra:
+        return []
+    from worker.cli import check_shared_arguments
+
+    return check_shared_arguments(extra, prog="overnight serve")
 
 
 def _listen(parser: argparse.ArgumentParser) -> None:
@@ -178,6 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = _local_command(sub, "serve", "run the API and one worker per served model", cmd_serve)
+    p.usage = "overnight serve [options] [worker and vLLM engine arguments]"
+    p.allow_abbrev = False  # `--model` must reach the check, not be taken for `--models`
+    p.epilog = SERVE_WORKER_HELP
     _listen(p)
     p.add_argument("--models", help="comma-separated served models to start workers for")
     p.add_argument("--no-workers", action="store_true", help="the API only, workers run elsewhere")
@@ -247,7 +267,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _print_vllm_help("run-batch", argv)
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    if extra and args.command not in ("worker", "run-batch"):
+    if extra and args.command not in ("worker", "run-batch", "serve"):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.extra = extra
     result: int = args.func(args)

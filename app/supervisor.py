@@ -182,9 +182,12 @@ def online_ports(models: Sequence[str], first: int | None) -> dict[str, int]:
 
 
 def children_for(
-    settings: Settings, models: Sequence[str], online: dict[str, int] | None = None
+    settings: Settings,
+    models: Sequence[str],
+    online: dict[str, int] | None = None,
+    engine_args: Sequence[str] = (),
 ) -> list[Child]:
-    """The API and one worker per model, all on the same settings."""
+    """The API and one worker per model, all on the same settings and engine arguments."""
     data_dir = str(Path(settings.data_dir).resolve())
     env = {
         # vLLM's start-up chatter (hundreds of lines) only when asked for.
@@ -200,7 +203,12 @@ def children_for(
     workers = [
         Child(
             f"worker {name}",
-            _cli("worker", "--model", name, "--data-dir", data_dir, *_online_args(settings, port)),
+            _cli(
+                "worker",
+                *("--model", name, "--data-dir", data_dir),
+                *_online_args(settings, port),
+                *engine_args,
+            ),
             env if i == 0 else {**env, **_beside_the_first_engine()},
         )
         for i, name in enumerate(models)
@@ -301,11 +309,15 @@ Press Ctrl-C to stop.
 
 
 def serve(
-    settings: Settings, models: Sequence[str], open_mode: bool, online_port: int | None = None
+    settings: Settings,
+    models: Sequence[str],
+    open_mode: bool,
+    online_port: int | None = None,
+    engine_args: Sequence[str] = (),
 ) -> int:
     """Runs the service until Ctrl-C or SIGTERM; returns the exit code."""
     online = online_ports(models, online_port)
-    children = children_for(settings, models, online)
+    children = children_for(settings, models, online, engine_args)
     supervisor = Supervisor(children)
     supervisor.handle_signals()
     url = public_url(settings)

@@ -356,7 +356,7 @@ def report(kind: str, outcomes: list[Outcome], n: int) -> None:
 
 def main() -> None:
     from worker.dtype import worker_dtype
-    from worker.models import minilm_dir
+    from worker.models import minilm_dir, resolve
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=2000)
@@ -376,8 +376,11 @@ def main() -> None:
         from worker.models import ensure_converted
 
         loaded = {CHAT: str(ensure_converted(work)), EMBED: str(minilm_dir())}
-    picked = {k: worker_dtype(None).dtype for k in kinds}  # the rule, as the worker applies it
-    print(f"worker's dtype rule here: {worker_dtype(None)}", flush=True)
+    # The rule as the worker applies it, the model's own exception (SmolLM2 on AMX) included.
+    choices = {k: worker_dtype(None, resolve(loaded[k], work).amx_dtype) for k in kinds}
+    picked = {k: choice.dtype for k, choice in choices.items()}
+    for kind, choice in choices.items():
+        print(f"worker's dtype rule here for {kind}: {choice}", flush=True)
     results: dict[str, list[Outcome]] = {k: [] for k in kinds}
     for runner in runners:
         if runner == "serve":

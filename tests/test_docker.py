@@ -75,6 +75,9 @@ def test_images_run_as_a_user_with_a_hub_cache_and_a_readiness_check(name: str) 
     assert f"http://127.0.0.1:8000{HEALTH_PATH}" in check
     if name == "Dockerfile.cpu":
         assert "VLLM_CPU_KVCACHE_SPACE=" in env
+        # vLLM compiles the model by default; on CPU torch.compile needs a C++ compiler.
+        packages = " ".join(args for word, args in steps if word == "RUN" and "apt-get" in args)
+        assert " g++ " in packages
 
 
 def test_the_build_context_leaves_local_state_and_secrets_out() -> None:

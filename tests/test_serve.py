@@ -221,3 +221,23 @@ def test_serve_online_gives_each_worker_its_own_online_port(tmp_path: Path) -> N
     assert all("--online-port" not in w.argv for w in children_for(settings, models)[1:])
     text = banner("http://127.0.0.1:8000", models, True, online)
     assert "Online     http://127.0.0.1:8002/v1 (all-MiniLM-L6-v2" in text
+
+
+def test_serve_checks_the_workers_engine_arguments_before_starting(tmp_path: Path) -> None:
+    """`serve` passes every other argument to its workers, as vLLM's parser takes it; a bad one
+    or a model ends it before it creates anything (tests/test_docs.py runs the good case)."""
+    env = {**os.environ, "OVERNIGHT_DATA_DIR": str(tmp_path / "data"), "OVERNIGHT_DATABASE_URL": ""}
+    command = [sys.executable, "-m", "app.cli", "serve", "--port", str(free_port())]
+    refused = {
+        "--max-num-seqs many": "argument --max-num-seqs: invalid int value: 'many'",
+        "--model other": "a model is not an engine argument",
+        "other-model --enforce-eager": "a model is not an engine argument",
+    }
+    for arguments, message in refused.items():
+        result = subprocess.run(
+            [*command, *arguments.split()], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert result.returncode != 0, arguments
+        assert message in result.stderr, result.stderr[-2000:]
+        assert "overnight serve" in result.stderr
+        assert not (tmp_path / "data").exists(), "nothing is created before the check"

@@ -166,10 +166,24 @@ def vllm_parser(progress_bars: bool = True) -> argparse.ArgumentParser:
     if not progress_bars:
         # A weight-loading bar in a JSON log stream is a line no collector can parse.
         parser.set_defaults(use_tqdm_on_load=False)
-    if _on_cpu():
-        # torch.compile needs a C++ toolchain and minutes of start-up for a small gain on CPU.
-        parser.set_defaults(enforce_eager=True)
     return parser
+
+
+def check_shared_arguments(argv: Sequence[str], prog: str) -> list[str]:
+    """Arguments for every worker of `overnight serve`: worker options and vLLM's engine
+    arguments, parsed as a worker parses them (a bad one exits here, with the parser's
+    message); not a model, since `serve` starts one worker per served model."""
+    positional, rest = split_model(argv)
+    ours, rest = own_parser().parse_known_args(rest)
+    if positional or ours.model or ours.models:
+        raise SystemExit(
+            f"{prog}: a model is not an engine argument: serve starts a worker for each served "
+            "model (OVERNIGHT_MODELS); choose among them with --models"
+        )
+    parser = vllm_parser()
+    parser.prog = prog
+    parser.parse_args(rest)
+    return list(argv)
 
 
 def _on_cpu() -> bool:
