@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 import psutil
 import pytest
@@ -498,6 +499,16 @@ def test_each_engine_computes_on_cores_of_its_own(server: DocsServer) -> None:
     assert chat and embedding, (chat, embedding)
     assert not chat & embedding, (chat, embedding)
     assert max(os.sched_getaffinity(0)) in embedding
+
+
+def test_engines_compile_the_model_as_vllm_serve_does(server: DocsServer) -> None:
+    """As shipped, each engine runs torch.compile (vLLM's default), not eagerly; the worker's
+    dashboard page shows what it runs with."""
+    served = server.served
+    for model, worker in served.live_workers().items():
+        page = httpx.get(f"{served.url}/dashboard/api/workers/{worker['id']}", timeout=30)
+        effective = {pair["key"]: pair["value"] for pair in page.json()["effective"]}
+        assert effective["enforce_eager"] == "false", (model, effective)
 
 
 def test_a_killed_worker_is_replaced_then_ctrl_c_stops_all(server: DocsServer) -> None:

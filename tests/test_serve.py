@@ -23,7 +23,7 @@ from sqlalchemy import update
 from app.config import Settings
 from app.db.models import RegisteredWorker
 from app.db.session import session_scope, upgrade
-from app.supervisor import Child, Supervisor, ready_line
+from app.supervisor import Child, Supervisor, children_for, ready_line
 from tests.harness import free_port
 from worker import registry
 
@@ -241,3 +241,14 @@ def test_serve_checks_the_workers_engine_arguments_before_starting(tmp_path: Pat
         assert message in result.stderr, result.stderr[-2000:]
         assert "overnight serve" in result.stderr
         assert not (tmp_path / "data").exists(), "nothing is created before the check"
+
+
+def test_serve_gives_every_worker_its_engine_arguments_and_the_api_none(settings: Settings) -> None:
+    engine_args = ["--enforce-eager", "--max-num-seqs", "4"]
+    api, *workers = children_for(settings, ["chat", "embed"], {"chat": 8001}, engine_args)
+    assert [w.name for w in workers] == ["worker chat", "worker embed"]
+    for worker in workers:
+        assert worker.argv[-3:] == engine_args
+        assert worker.argv[worker.argv.index("--model") + 1] in ("chat", "embed")
+    assert "--online-port" in workers[0].argv and "--online-port" not in workers[1].argv
+    assert not set(engine_args) & set(api.argv)
