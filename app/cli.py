@@ -140,7 +140,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from app.supervisor import serve
 
     settings = _settings(args)
-    engine_args = _worker_arguments(args.extra)
+    engine_args = list(args.extra)
+    if engine_args:  # checked before anything starts; vLLM is imported only for this
+        from worker.cli import check_shared_arguments
+
+        check_shared_arguments(engine_args, prog="overnight serve")
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     upgrade(settings.sqlalchemy_url)
     # Raises on an unsafe bind; the API child logs the access line, once.
@@ -152,16 +156,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     configure_logging(settings.log_level, settings.log_format)
     online = args.online_port if args.online else None
     return serve(settings, models, access.started_open, online, engine_args)
-
-
-def _worker_arguments(extra: Sequence[str]) -> list[str]:
-    """What `serve` gives each worker, checked before anything starts (imports vLLM only when
-    there is something to check)."""
-    if not extra:
-        return []
-    from worker.cli import check_shared_arguments
-
-    return check_shared_arguments(extra, prog="overnight serve")
 
 
 def _listen(parser: argparse.ArgumentParser) -> None:

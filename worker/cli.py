@@ -169,7 +169,7 @@ def vllm_parser(progress_bars: bool = True) -> argparse.ArgumentParser:
     return parser
 
 
-def check_shared_arguments(argv: Sequence[str], prog: str) -> list[str]:
+def check_shared_arguments(argv: Sequence[str], prog: str) -> None:
     """Arguments for every worker of `overnight serve`: worker options and vLLM's engine
     arguments, parsed as a worker parses them (a bad one exits here, with the parser's
     message); not a model, since `serve` starts one worker per served model."""
@@ -183,7 +183,6 @@ def check_shared_arguments(argv: Sequence[str], prog: str) -> list[str]:
     parser = vllm_parser()
     parser.prog = prog
     parser.parse_args(rest)
-    return list(argv)
 
 
 def _on_cpu() -> bool:
