@@ -17,6 +17,7 @@ import orjson
 import pytest
 
 from app.cli import main
+from app.client.waiting import WaitClock
 from app.config import Settings
 from app.core.throughput import batch_throughput
 from tests.engine_fixtures import MODEL, chat_line, jsonl, start_batch, wait_status
@@ -317,14 +318,16 @@ def test_wait_says_waiting_for_a_worker_and_leaves_it_out_of_throughput(
     source = tmp_path / "first.jsonl"
     source.write_bytes(jsonl([chat_line(f"w-{i}") for i in range(6)]))
     submit = run(server, "batches", "submit", str(source), "--wait", "--interval", "0.2")
+    started = time.monotonic()
     process, lines = _follow(submit, tmp_path)
     try:
         said = _next_line_with(lines, "waiting for a worker")
         assert "no worker serves SmolLM2-135M-Instruct yet" in said
-        held = 3.0  # the engine's "first start": the batch is in progress, nothing serves it
+        held = 5.0  # the engine's "first start": the batch is in progress, nothing serves it
         time.sleep(held)
         with ThreadedWorker(server.settings, FakeEngine()):
             out, _ = process.communicate(timeout=300)
+        ran = time.monotonic() - started
     finally:
         process.kill()
     assert process.returncode == 0
@@ -334,9 +337,21 @@ def test_wait_says_waiting_for_a_worker_and_leaves_it_out_of_throughput(
     found = re.search(r"([\d.]+) tok/s \(waited (\d+) s for a worker, left out\)", row)
     assert found, row
     rate, waited = float(found[1]), int(found[2])
-    # The CLI saw the batch waiting from the message on to past the hold, polling every 0.2 s.
-    assert waited >= held - 1
+    # The clock runs from the first poll that saw the batch waiting to the last one, so on a
+    # busy machine a slow poll (seen: 1.5 s) shortens it; it never runs past the whole command.
+    assert held - 3 <= waited <= ran
     over_its_whole_run = batch_throughput(
         batch, time.time(), input_tokens=0, output_tokens=batch.usage.output_tokens, completed=0
     )
     assert rate > over_its_whole_run.per_second
+
+
+def test_the_wait_clock_counts_between_the_polls_that_saw_the_batch_waiting() -> None:
+    clock = WaitClock()
+    for now, waiting in [(10.0, False), (11.0, True), (12.5, True), (14.0, True)]:
+        clock.saw(waiting, now)
+    assert clock.seconds == 3.0  # still waiting: counted up to the last poll, not to now
+    for now, waiting in [(16.0, False), (20.0, True), (21.0, True), (22.0, False)]:
+        clock.saw(waiting, now)
+    # Two waits; the polls that saw a worker serving (16.0, 22.0) add nothing.
+    assert clock.seconds == 4.0
