@@ -365,9 +365,12 @@ def server(models_data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
         "--online",
         "--online-port",
         str(online),
-        # Eager engines: two compiling beside the other test files' engines ran a 24 GB
-        # machine out of memory. (A vLLM argument `serve` passes on to its workers.)
+        # Eager engines with 1 GiB of KV cache each: two compiling beside the other test
+        # files' engines ran a 24 GB machine out of memory. (vLLM arguments `serve` passes on
+        # to its workers.)
         "--enforce-eager",
+        "--kv-cache-memory-bytes",
+        "1G",
         OVERNIGHT_WEBHOOK_ALLOW_PRIVATE="1",
     ) as served:
         yield DocsServer(served, online)
@@ -504,14 +507,26 @@ def test_each_engine_computes_on_cores_of_its_own(server: DocsServer) -> None:
     assert max(os.sched_getaffinity(0)) in embedding
 
 
+# The bundled SmolLM2's KV cache per token, in values: K and V, 30 layers, 3 KV heads of 64.
+SMOLLM2_KV_VALUES_PER_TOKEN = 2 * 30 * 3 * 64
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
 def test_serve_gives_its_workers_the_engine_arguments(server: DocsServer) -> None:
-    """`serve --enforce-eager` reaches every worker's engine; the worker's dashboard page shows
-    what it runs with."""
+    """`serve --enforce-eager --kv-cache-memory-bytes 1G` reaches every worker's engine; the
+    worker's dashboard page shows what it runs with."""
     served = server.served
+    effective = {}
     for model, worker in served.live_workers().items():
         page = httpx.get(f"{served.url}/dashboard/api/workers/{worker['id']}", timeout=30)
-        effective = {pair["key"]: pair["value"] for pair in page.json()["effective"]}
-        assert effective["enforce_eager"] == "true", (model, effective)
+        effective[model] = {pair["key"]: pair["value"] for pair in page.json()["effective"]}
+        assert effective[model]["enforce_eager"] == "true", (model, effective[model])
+    chat = effective["SmolLM2-135M-Instruct"]
+    per_token = SMOLLM2_KV_VALUES_PER_TOKEN * DTYPE_BYTES[chat["dtype"]]
+    tokens = int(chat["kv_cache_tokens"])
+    # 1 GiB, whole blocks of it: not the 2 GiB the worker reserves when no size is given
+    # (whose VLLM_CPU_KVCACHE_SPACE vLLM would let override the flag).
+    assert tokens * per_token <= 2**30 < (tokens + 1024) * per_token, chat
 
 
 def test_a_killed_worker_is_replaced_then_ctrl_c_stops_all(server: DocsServer) -> None:

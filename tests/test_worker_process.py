@@ -166,19 +166,32 @@ def test_unknown_bundled_model_is_a_clear_error(tmp_path: Path) -> None:
         models.resolve("bundled:nope", tmp_path)
 
 
-@pytest.mark.parametrize("chosen", [None, "7"])
+@pytest.mark.parametrize(
+    ("chosen", "flags", "reserved"),
+    [
+        (None, [], "2"),
+        ("", [], "2"),  # compose passes an unset variable on as empty
+        ("7", [], "7"),
+        # vLLM's CPU platform lets the variable override the flag: with the flag, it stays unset.
+        (None, ["--kv-cache-memory-bytes", "1G"], None),
+    ],
+)
 def test_the_worker_reserves_a_fixed_cpu_kv_cache_unless_told(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chosen: str | None
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    chosen: str | None,
+    flags: list[str],
+    reserved: str | None,
 ) -> None:
-    from worker.cli import main
-
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "")  # whatever parse sets is undone after
     if chosen is None:
-        monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+        monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE")
     else:
         monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", chosen)
     settings = Settings(_env_file=None, data_dir=tmp_path)  # type: ignore[call-arg]
-    assert main(["bundled:nope"], settings) != 0  # fails before any engine starts
-    assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == (chosen or "2")
+    args, _ = parse(["--model", "org/some-model", *flags], settings)
+    assert os.environ.get("VLLM_CPU_KVCACHE_SPACE") == reserved
+    assert args.kv_cache_memory_bytes == (2**30 if flags else None)
 
 
 def test_online_backoff_flags_and_the_cpu_default(tmp_path: Path) -> None:

@@ -238,9 +238,11 @@ def parse(argv: Sequence[str] | None, settings: Settings) -> tuple[argparse.Name
     sources = [source_of(m.strip(), settings.models) for m in models]
     if not ours.lora_repo and all(map(is_bundled, sources)):  # else the hub stays on
         stay_offline_for(sources[0])
+    from app.config import reserve_cpu_kv_cache
     from app.logging import is_text
 
     args = vllm_parser(progress_bars=is_text(settings.log_format)).parse_args(rest)
+    reserve_cpu_kv_cache(args.kv_cache_memory_bytes)
     # `--lora-dir` and `--lora-repo` are adapter sources of vLLM's LoRA, as `--lora-modules` is.
     args.enable_lora = bool(args.enable_lora or ours.lora_dir or ours.lora_repo)
     if ours.online_port is not None and (args.enable_lora or args.lora_modules) and _on_cpu():
@@ -359,13 +361,12 @@ def main(argv: Sequence[str] | None = None, settings: Settings | None = None) ->
         return 0
     import asyncio
 
-    from app.config import get_settings, reserve_cpu_kv_cache
+    from app.config import get_settings
     from app.logging import configure_logging, route_vllm_logs
     from worker import process, python_gc
     from worker.media_guard import forbid_media_redirects
 
     python_gc.tune()
-    reserve_cpu_kv_cache()
     forbid_media_redirects()
     settings = settings or get_settings()
     configure_logging(settings.log_level, settings.log_format)

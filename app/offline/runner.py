@@ -13,7 +13,7 @@ from pathlib import Path
 
 import orjson
 
-from app.config import ServedModel, Settings, get_settings, reserve_cpu_kv_cache
+from app.config import ServedModel, Settings, get_settings
 from app.core.states import TERMINAL_BATCH_STATUSES, BatchStatus
 from app.db.session import engine_for, session_scope, upgrade
 from app.endpoints import CHAT, SUPPORTED
@@ -305,7 +305,6 @@ def main(args: argparse.Namespace, engine_argv: list[str]) -> int:
 
     python_gc.tune()
     _configure_logging()
-    reserve_cpu_kv_cache()
     work_dir = Path(args.work_dir) if args.work_dir else default_work_dir(args.input_file)
     work_dir.mkdir(parents=True, exist_ok=True)
     try:
