@@ -106,6 +106,54 @@ def test_engine_processes_collect_garbage_at_the_tuned_thresholds(tmp_path: Path
     assert python_gc.THRESHOLDS != (700, 10, 10)  # CPython's own
 
 
+LEFT_AT_EXIT = textwrap.dedent(
+    """
+    import multiprocessing, sys
+    import worker.process
+
+    class Cycle:
+        def __del__(self):
+            with open(sys.argv[1], "a") as seen:
+                seen.write("collected\\n")
+
+    def child():
+        cycle = Cycle()
+        cycle.itself = cycle  # garbage from here on, for the collector to find
+        sys.exit(3)
+
+    if __name__ == "__main__":
+        worker.process.install()
+        process = multiprocessing.get_context("spawn").Process(target=child)
+        process.start()
+        process.join()
+        print(process.exitcode)
+    """
+)
+
+
+@pytest.mark.parametrize("installed", [True, False])
+def test_engine_processes_end_as_forked_ones_without_the_interpreters_teardown(
+    tmp_path: Path, installed: bool
+) -> None:
+    """CPython's teardown collects the heap again (2 s after importing vLLM); a spawned
+    engine process ends as a forked one does, after its run: its exit code kept, the cycles
+    it left never collected (their finalizer never runs)."""
+    script = tmp_path / "owner.py"
+    program = LEFT_AT_EXIT if installed else LEFT_AT_EXIT.replace("worker.process.install()", "")
+    script.write_text(program)
+    seen = tmp_path / "seen.txt"
+    ran = subprocess.run(
+        [sys.executable, str(script), str(seen)],
+        cwd=Path(__file__).parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ran.returncode == 0 and ran.stdout.strip() == "3", ran.stderr
+    # Without it, CPython's teardown collects the cycle (the test's check that it would).
+    assert seen.exists() is not installed
+
+
 def test_a_running_engine_is_frozen_out_of_collections_until_it_stops() -> None:
     engine = [object() for _ in range(1000)]
     before = gc.get_freeze_count()
