@@ -1,6 +1,5 @@
 """All configuration, from `OVERNIGHT_*` environment variables or a `.env` file."""
 
-import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -14,17 +13,6 @@ from app.endpoints import GENERATIVE, POOLING
 from app.storage.base import parse_s3_url
 
 MB = 1_000_000
-# GiB of KV cache each CPU vLLM engine reserves (VLLM_CPU_KVCACHE_SPACE). vLLM's own default
-# is 92% of the machine's memory, so a second engine (`serve`, `run-batch`) could never start.
-CPU_KV_CACHE_GIB = "2"
-
-
-def reserve_cpu_kv_cache(kv_cache_memory_bytes: int | None) -> None:
-    """A fixed KV cache for a CPU engine started by this process, unless the user chose one:
-    by VLLM_CPU_KVCACHE_SPACE, or by `--kv-cache-memory-bytes`, which vLLM's CPU platform lets
-    the variable override (so it is not set beside the flag)."""
-    if kv_cache_memory_bytes is None and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
-        os.environ["VLLM_CPU_KVCACHE_SPACE"] = CPU_KV_CACHE_GIB
 
 
 class ServedModel(BaseModel):

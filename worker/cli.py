@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from worker.cli_switching import add_switching_arguments, serve_models, switching_args
 from worker.dtype import worker_dtype
+from worker.kv_cache import reserve_cpu_kv_cache
 from worker.models import (
     BUNDLED_NAMES,
     ModelNotFoundError,
@@ -238,7 +239,6 @@ def parse(argv: Sequence[str] | None, settings: Settings) -> tuple[argparse.Name
     sources = [source_of(m.strip(), settings.models) for m in models]
     if not ours.lora_repo and all(map(is_bundled, sources)):  # else the hub stays on
         stay_offline_for(sources[0])
-    from app.config import reserve_cpu_kv_cache
     from app.logging import is_text
 
     args = vllm_parser(progress_bars=is_text(settings.log_format)).parse_args(rest)

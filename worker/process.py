@@ -86,10 +86,9 @@ def install() -> None:
 
 
 def exit_as_forked(code: int) -> NoReturn:
-    """A spawned child's end, as `multiprocessing` ends a forked child after its run: its
-    exit code, without the interpreter's teardown."""
-    sys.stdout.flush()
-    sys.stderr.flush()
+    """A spawned child's end, as `multiprocessing` ends a forked child after its run (which
+    ran its finalizers, joined its threads and flushed its streams): its exit code, without
+    the interpreter's teardown."""
     os._exit(code)
 
 
