@@ -50,9 +50,7 @@ def wait_until(
     deadline = time.monotonic() + timeout
     while not condition():
         code = served.process.poll()
-        assert code is None, (
-            f"overnight serve exited with {code}:\n{_log_tail(served)}"
-        )
+        assert code is None, f"overnight serve exited with {code}:\n{_log_tail(served)}"
         assert time.monotonic() < deadline, f"{what}:\n{_log_tail(served)}"
         time.sleep(POLL_SECONDS)
 
