@@ -18,10 +18,10 @@ from app.client import output
 from app.client.connection import CliError, client
 from app.client.projects import schedule_of, schedule_rows
 from app.client.wait import wait_for
+from app.core.states import TERMINAL_BATCH_STATUSES
 from app.ids import batch_api_of
 
 DEFAULT_ENDPOINT = "/v1/chat/completions"
-TERMINAL = ("completed", "failed", "expired", "cancelled")
 
 
 def sniff_endpoint(path: Path) -> str:
@@ -169,7 +169,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     if args.json:
         output.print_json(batch)
     else:
-        _show(batch, schedule_of(api, batch.id) if batch.status not in TERMINAL else None)
+        ended = batch.status in TERMINAL_BATCH_STATUSES
+        _show(batch, None if ended else schedule_of(api, batch.id))
     return 0
 
 
@@ -218,7 +219,7 @@ def _download(api: openai.OpenAI, batch: Batch, out: str, err: str) -> None:
 def cmd_download(args: argparse.Namespace) -> int:
     api = client(args)
     batch = api.batches.retrieve(args.batch_id)
-    if batch.status not in TERMINAL:
+    if batch.status not in TERMINAL_BATCH_STATUSES:
         raise CliError(
             f"{batch.id} is {batch.status}: its files exist once it has ended; try again later."
         )

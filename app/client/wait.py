@@ -10,8 +10,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from app.client import output
 from app.client.projects import eta_text, schedule_of
 from app.client.waiting import WaitClock, may_wait_for_a_worker, workers_of
+from app.core.states import TERMINAL_BATCH_STATUSES
 
-TERMINAL = ("completed", "failed", "expired", "cancelled")
 WAITING = "waiting for a worker"
 
 
@@ -64,7 +64,8 @@ def wait_for(api: openai.OpenAI, batch_id: str, interval: float = 1.0) -> Follow
                 batch = api.batches.retrieve(batch_id)
                 counts = batch.request_counts or BatchRequestCounts(completed=0, failed=0, total=0)
                 status = watch.status(batch)
-                eta = "" if batch.status in TERMINAL else eta_text(schedule_of(api, batch_id))
+                ended = batch.status in TERMINAL_BATCH_STATUSES
+                eta = "" if ended else eta_text(schedule_of(api, batch_id))
                 bar.update(
                     task,
                     total=counts.total or None,
@@ -74,7 +75,7 @@ def wait_for(api: openai.OpenAI, batch_id: str, interval: float = 1.0) -> Follow
                     rate=str(output.throughput(batch, watch.clock.seconds)),
                     eta=f" · {eta}" if eta and status != WAITING else "",
                 )
-                if batch.status in TERMINAL:
+                if batch.status in TERMINAL_BATCH_STATUSES:
                     return Followed(batch, watch.clock.seconds)
                 time.sleep(interval)
     except KeyboardInterrupt:
