@@ -232,6 +232,36 @@ def test_unreadable_input_and_a_reused_work_dir(
     assert "use another --work-dir" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "options",
+    [
+        ["--data-dir", "elsewhere"],  # it took the run off its work dir: a run that never ended
+        ["--models", "a,b"],
+        ["--worker-id", "w1", "--online-port", "9000"],
+        ["--window", "4", "--no-dedup", "--health-file", "h.json"],  # ignored before
+    ],
+)
+def test_worker_only_options_are_refused_before_anything_runs(
+    tmp_path: Path, options: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(jsonl([chat_line("a")]))
+    work, out = tmp_path / "work", tmp_path / "out.jsonl"
+    args = ["run-batch", "-i", str(source), "-o", str(out), "--work-dir", str(work)]
+    assert main([*args, *options, "--enforce-eager"]) == 2
+    error = capsys.readouterr().err
+    flags = [option for option in options if option.startswith("--")]
+    assert f"error: {', '.join(flags)}: options of `overnight worker`" in error
+    assert not work.exists() and not out.exists()
+
+
+def test_the_worker_options_run_batch_takes_pass() -> None:
+    from app.offline.arguments import worker_only_options
+
+    given = ["--lora-dir", "adapters", "--lora-repo", "org/name", "--enable-log-stats"]
+    assert worker_only_options([*given, "--max-model-len", "512", "--enforce-eager"]) == []
+
+
 def offline_input(tmp_path: Path) -> Path:
     source = tmp_path / "in.jsonl"
     lines = [chat_line("a"), chat_line("streamed", stream=True), chat_line("b"), chat_line("a")]

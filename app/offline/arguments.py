@@ -40,3 +40,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="what vLLM loads (a Hugging Face id, a folder, a bundled model's name such as "
         "SmolLM2-135M-Instruct); default: the input's first `model`",
     )
+
+
+# `overnight worker`'s options that run-batch takes as the worker does: the LoRA adapters its
+# engine serves, and vLLM's statistics. The others name a deployment (a data directory, a
+# worker's name and health file, an online port, the models to switch between) or tune a
+# long-running worker; run-batch has its own deployment in --work-dir.
+RUN_BATCH_WORKER_OPTIONS = {"help", "model", "lora_dir", "lora_repo", "enable_log_stats"}
+
+
+def worker_only_options(engine_argv: list[str]) -> list[str]:
+    """The options among `engine_argv` that only `overnight worker` takes (given a value other
+    than their default), as they are spelt on the command line."""
+    from worker.cli import own_parser, split_model
+
+    parser = own_parser()
+    given, _vllm = parser.parse_known_args(split_model(engine_argv)[1])
+    return [
+        flag
+        for action in parser._actions
+        if action.dest not in RUN_BATCH_WORKER_OPTIONS
+        and getattr(given, action.dest) != parser.get_default(action.dest)
+        for flag in action.option_strings[:1]
+    ]

@@ -19,6 +19,7 @@ from app.db.session import engine_for, session_scope, upgrade
 from app.endpoints import CHAT, SUPPORTED
 from app.errors import OpenAIError
 from app.logging import configure_logging
+from app.offline.arguments import worker_only_options
 from app.offline.delivery import deliver, write_results
 from app.offline.errors import OfflineError
 from app.offline.progress import batch_row, follow
@@ -303,6 +304,13 @@ def main(args: argparse.Namespace, engine_argv: list[str]) -> int:
     """`overnight run-batch`; returns the exit code."""
     from worker import python_gc
 
+    if refused := worker_only_options(engine_argv):
+        print(
+            f"overnight run-batch: error: {', '.join(refused)}: options of `overnight worker`, "
+            "not of run-batch (its database, store and checkpoints are in --work-dir)",
+            file=sys.stderr,
+        )
+        return 2
     python_gc.tune()
     _configure_logging()
     work_dir = Path(args.work_dir) if args.work_dir else default_work_dir(args.input_file)
