@@ -11,7 +11,7 @@ import socket
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from app.client import register as register_client_commands
 from app.offline.arguments import add_arguments as add_run_batch_arguments
@@ -268,5 +268,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     return result
 
 
+def run() -> NoReturn:
+    """The `overnight` command: `main`, then the process's end without the interpreter's
+    teardown (after vLLM's imports, 2 s of every `run-batch` and worker stop)."""
+    code = main()
+    from worker.process import end_process
+
+    end_process(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -2,6 +2,7 @@
 (no vLLM, torch, SDK or database layer), the wall time a check that it shows."""
 
 import argparse
+import os
 import subprocess
 import sys
 import time
@@ -70,6 +71,17 @@ def test_every_command_is_covered() -> None:
     assert len(commands) > 20
 
 
+def _imported(importtime: str) -> set[str]:
+    """The top-level packages `-X importtime` reports."""
+    imported = {
+        line.rsplit("|", 1)[1].strip().split(".")[0]
+        for line in importtime.splitlines()
+        if line.startswith("import time:") and "|" in line
+    }
+    imported.discard("imported package")  # the header line
+    return imported
+
+
 @pytest.mark.parametrize("invocation", INVOCATIONS, ids=_ids)
 def test_answers_without_importing_the_service(invocation: tuple[str, ...]) -> None:
     result = subprocess.run(
@@ -81,12 +93,7 @@ def test_answers_without_importing_the_service(invocation: tuple[str, ...]) -> N
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip(), "nothing printed"
-    imported = {
-        line.rsplit("|", 1)[1].strip().split(".")[0]
-        for line in result.stderr.splitlines()
-        if line.startswith("import time:") and "|" in line
-    }
-    imported.discard("imported package")  # the header line
+    imported = _imported(result.stderr)
     assert not imported & HEAVY
     foreign = {
         name
@@ -139,3 +146,35 @@ def test_run_batch_help_all_lists_vllms_engine_arguments() -> None:
     assert result.returncode == 0, result.stderr
     assert "--max-model-len" in result.stdout
     assert "overnight run-batch" in result.stdout or "Arguments matching" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("invocation", "code", "said"),
+    [
+        (("keys", "list", "--json"), 0, "[]"),
+        (("keys", "revoke", "key_nope"), 1, "overnight: error: No such API key object: key_nope"),
+    ],
+)
+def test_commands_on_this_machine_leave_the_sdk_alone(
+    tmp_path: Path, invocation: tuple[str, ...], code: int, said: str
+) -> None:
+    """Without a base URL, `keys` works on this machine's database: the SDK (a second of
+    imports) is for commands that call an API."""
+    env = {
+        **os.environ,
+        "OVERNIGHT_DATA_DIR": str(tmp_path),
+        "OVERNIGHT_DATABASE_URL": f"sqlite:///{tmp_path}/overnight.db",
+        "OPENAI_BASE_URL": "",
+    }
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "app.cli", *invocation],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=120,
+    )
+    assert result.returncode == code, result.stderr
+    reported = result.stdout if code == 0 else result.stderr
+    assert said in reported.splitlines()
+    assert "openai" not in _imported(result.stderr)

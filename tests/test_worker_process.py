@@ -154,6 +154,60 @@ def test_engine_processes_end_as_forked_ones_without_the_interpreters_teardown(
     assert seen.exists() is not installed
 
 
+ENDED_BY_THE_COMMAND = textwrap.dedent(
+    """
+    import atexit, sys, threading, time
+    import app.cli
+
+    seen = open(sys.argv[1], "a")
+
+    class Cycle:
+        def __del__(self):
+            seen.write("collected\\n")
+            seen.flush()
+
+    def late_thread():
+        time.sleep(0.3)
+        seen.write("thread\\n")
+        seen.flush()
+
+    def main():
+        cycle = Cycle()
+        cycle.itself = cycle  # garbage from here on, for the collector to find
+        threading.Thread(target=late_thread).start()
+        sys.stdout.write("buffered, not flushed")
+        return 3
+
+    @atexit.register
+    def handler():
+        seen.write("atexit\\n")
+        seen.flush()
+
+    app.cli.main = main  # the command's work
+    app.cli.run()
+    """
+)
+
+
+def test_the_command_ends_as_the_interpreter_would_without_its_teardown(tmp_path: Path) -> None:
+    """`overnight` (every command) ends with its code, its other threads joined, its atexit
+    handlers run (`atexit._run_exitfuncs`, pinned here) and its output flushed; the
+    interpreter's final sweep of the heap (2 s after vLLM's imports) never runs."""
+    script = tmp_path / "command.py"
+    script.write_text(ENDED_BY_THE_COMMAND)
+    seen = tmp_path / "seen.txt"
+    ran = subprocess.run(
+        [sys.executable, str(script), str(seen)],
+        cwd=Path(__file__).parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ran.returncode == 3, ran.stderr
+    assert ran.stdout == "buffered, not flushed"
+    assert seen.read_text().splitlines() == ["thread", "atexit"]  # never "collected"
+
+
 def test_a_running_engine_is_frozen_out_of_collections_until_it_stops() -> None:
     engine = [object() for _ in range(1000)]
     before = gc.get_freeze_count()

@@ -11,14 +11,17 @@ The same program ends a spawned child as multiprocessing ends a forked one: once
 has run (finalizers run, threads joined, streams flushed), `os._exit`. The interpreter's
 teardown would otherwise collect the heap of a process that imported vLLM again and again,
 2 s of every engine's stop, paid once per process level at every worker stop, model switch
-and `run-batch`.
+and `run-batch`. The `overnight` command's own process ends the same way (`end_process`).
 """
 
+import atexit
+import contextlib
 import ctypes
 import multiprocessing.spawn
 import os
 import signal
 import sys
+import threading
 from typing import Any, NoReturn
 
 _PR_SET_PDEATHSIG = 1
@@ -89,6 +92,20 @@ def exit_as_forked(code: int) -> NoReturn:
     """A spawned child's end, as `multiprocessing` ends a forked child after its run (which
     ran its finalizers, joined its threads and flushed its streams): its exit code, without
     the interpreter's teardown."""
+    os._exit(code)
+
+
+def end_process(code: int) -> NoReturn:
+    """End the main process as the interpreter would (other non-daemon threads joined, atexit
+    handlers run, streams flushed), without its final sweep of the heap."""
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    # No public call runs the handlers; `tests/test_worker_process.py` pins this one.
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed pipe: nothing more can be said there
+            stream.flush()
     os._exit(code)
 
 

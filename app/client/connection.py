@@ -4,13 +4,14 @@ import argparse
 import os
 import sys
 from functools import wraps
-from typing import Any
-
-import openai
+from typing import TYPE_CHECKING, Any
 
 from app.client.arguments import Command
 from app.config import get_settings
 from app.errors import OpenAIError as ServiceError
+
+if TYPE_CHECKING:  # the SDK takes a second to import: commands on this machine never need it
+    import openai
 
 
 class CliError(Exception):
@@ -34,13 +35,15 @@ def api_key(args: argparse.Namespace) -> str | None:
     return getattr(args, "api_key", None) or os.environ.get("OPENAI_API_KEY") or None
 
 
-def client(args: argparse.Namespace) -> openai.OpenAI:
+def client(args: argparse.Namespace) -> "openai.OpenAI":
+    import openai
+
     # Without keys the server accepts any token, but the SDK insists on one.
     key = api_key(args) or "none"
     return openai.OpenAI(base_url=base_url(args), api_key=key, max_retries=2, timeout=120)
 
 
-def _status_message(exc: openai.APIStatusError, args: argparse.Namespace) -> str:
+def _status_message(exc: "openai.APIStatusError", args: argparse.Namespace) -> str:
     body: Any = exc.body
     message = (body.get("message") if isinstance(body, dict) else None) or exc.message
     # Without a key the SDK sent a stand-in: what the server says of it helps nobody.
@@ -54,6 +57,18 @@ def _status_message(exc: openai.APIStatusError, args: argparse.Namespace) -> str
 
 def describe(exc: BaseException, args: argparse.Namespace) -> str:
     """One line a person can act on, from whatever went wrong."""
+    if isinstance(exc, ServiceError):
+        return exc.message
+    if isinstance(exc, OSError):
+        return f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc)
+    if isinstance(exc, _sdk_errors()):
+        return _describe_sdk_error(exc, args)
+    return str(exc)
+
+
+def _describe_sdk_error(exc: BaseException, args: argparse.Namespace) -> str:
+    import openai
+
     if isinstance(exc, openai.APIStatusError):
         return f"{_status_message(exc, args)} (HTTP {exc.status_code})"
     if isinstance(exc, openai.APITimeoutError):
@@ -63,11 +78,17 @@ def describe(exc: BaseException, args: argparse.Namespace) -> str:
             f"cannot reach {base_url(args)}: is `overnight serve` running there? "
             "(set --base-url or OPENAI_BASE_URL)"
         )
-    if isinstance(exc, ServiceError):
-        return exc.message
-    if isinstance(exc, OSError):
-        return f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc)
     return str(exc)
+
+
+def _sdk_errors() -> tuple[type[Exception], ...]:
+    """The SDK's errors, where the command imported the SDK (only then can it raise them)."""
+    sdk = sys.modules.get("openai")
+    return (sdk.OpenAIError,) if sdk is not None else ()
+
+
+def _reported_errors() -> tuple[type[Exception], ...]:
+    return (CliError, ServiceError, OSError, *_sdk_errors())
 
 
 def reports_errors(command: Command) -> Command:
@@ -77,7 +98,7 @@ def reports_errors(command: Command) -> Command:
     def run(args: argparse.Namespace) -> int:
         try:
             return command(args)
-        except (CliError, openai.OpenAIError, ServiceError, OSError) as exc:
+        except _reported_errors() as exc:
             print(f"overnight: error: {describe(exc, args)}", file=sys.stderr)
             return 1
 

@@ -5,9 +5,8 @@ import sys
 import time
 from collections.abc import Iterable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from openai.types import Batch
 from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
@@ -15,6 +14,9 @@ from rich.text import Text
 
 from app.core.progress import Outcomes
 from app.core.throughput import Throughput, batch_throughput
+
+if TYPE_CHECKING:  # the SDK takes a second to import: local commands never need it
+    from openai.types import Batch
 
 console = Console(highlight=False)
 errors = Console(stderr=True, highlight=False)
@@ -37,7 +39,7 @@ def age(ts: int | float | None) -> str:
     return f"{seconds}s ago"
 
 
-def throughput(batch: Batch, waited: float = 0.0) -> Throughput:
+def throughput(batch: "Batch", waited: float = 0.0) -> Throughput:
     """The batch's throughput as the dashboard and `/metrics` show it, less `waited`: seconds
     it was seen waiting for a worker (`app.client.waiting`)."""
     usage, counts = batch.usage, batch.request_counts
@@ -51,13 +53,13 @@ def throughput(batch: Batch, waited: float = 0.0) -> Throughput:
     )
 
 
-def throughput_text(batch: Batch, waited: float = 0.0) -> str:
+def throughput_text(batch: "Batch", waited: float = 0.0) -> str:
     """ "41.3 tok/s (waited 80 s for a worker, left out)": the rate, and what it leaves out."""
     rate = str(throughput(batch, waited))
     return f"{rate} (waited {waited:.0f} s for a worker, left out)" if waited >= 0.5 else rate
 
 
-def outcomes(batch: Batch) -> str:
+def outcomes(batch: "Batch") -> str:
     """ "22 ok, 0 failed, 378 cancelled": the request counts with the unrun apart."""
     counts = batch.request_counts
     if counts is None:
