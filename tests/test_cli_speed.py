@@ -105,9 +105,10 @@ def test_answers_without_importing_the_service(invocation: tuple[str, ...]) -> N
 
 @pytest.mark.parametrize("invocation", INVOCATIONS, ids=_ids)
 def test_answers_under_half_a_second(invocation: tuple[str, ...]) -> None:
-    """The fastest of three runs of the installed command: one busy moment is not the CLI."""
-    times = []
-    for _ in range(3):
+    """The fastest of up to three runs of the installed command: one busy moment is not the
+    CLI (a run within the bound ends the tries)."""
+    times: list[float] = []
+    while len(times) < 3 and min(times, default=FAST_ENOUGH_SECONDS) >= FAST_ENOUGH_SECONDS:
         started = time.perf_counter()
         result = subprocess.run(
             [str(OVERNIGHT), *invocation], capture_output=True, text=True, timeout=120

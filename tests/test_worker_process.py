@@ -156,32 +156,36 @@ def test_engine_processes_end_as_forked_ones_without_the_interpreters_teardown(
 
 ENDED_BY_THE_COMMAND = textwrap.dedent(
     """
-    import atexit, sys, threading, time
+    import atexit, os, sys, threading, time
     import app.cli
 
-    seen = open(sys.argv[1], "a")
+    class Witness:
+        \"\"\"Deleted by the interpreter's teardown, which clears every module's globals.\"\"\"
 
-    class Cycle:
+        def __init__(self, path):
+            self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+            self.write = os.write  # still at hand when the teardown has cleared `os`
+
+        def say(self, what):
+            self.write(self.fd, what.encode() + b"\\n")
+
         def __del__(self):
-            seen.write("collected\\n")
-            seen.flush()
+            self.say("torn down")
+
+    witness = Witness(sys.argv[1])
 
     def late_thread():
         time.sleep(0.3)
-        seen.write("thread\\n")
-        seen.flush()
-
-    def main():
-        cycle = Cycle()
-        cycle.itself = cycle  # garbage from here on, for the collector to find
-        threading.Thread(target=late_thread).start()
-        sys.stdout.write("buffered, not flushed")
-        return 3
+        witness.say("thread")
 
     @atexit.register
     def handler():
-        seen.write("atexit\\n")
-        seen.flush()
+        witness.say("atexit")
+
+    def main():
+        threading.Thread(target=late_thread).start()
+        sys.stdout.write("buffered, not flushed")
+        return 3
 
     app.cli.main = main  # the command's work
     app.cli.run()
@@ -192,7 +196,7 @@ ENDED_BY_THE_COMMAND = textwrap.dedent(
 def test_the_command_ends_as_the_interpreter_would_without_its_teardown(tmp_path: Path) -> None:
     """`overnight` (every command) ends with its code, its other threads joined, its atexit
     handlers run (`atexit._run_exitfuncs`, pinned here) and its output flushed; the
-    interpreter's final sweep of the heap (2 s after vLLM's imports) never runs."""
+    interpreter's teardown (its sweep of the heap: 2 s after vLLM's imports) never runs."""
     script = tmp_path / "command.py"
     script.write_text(ENDED_BY_THE_COMMAND)
     seen = tmp_path / "seen.txt"
@@ -205,7 +209,7 @@ def test_the_command_ends_as_the_interpreter_would_without_its_teardown(tmp_path
     )
     assert ran.returncode == 3, ran.stderr
     assert ran.stdout == "buffered, not flushed"
-    assert seen.read_text().splitlines() == ["thread", "atexit"]  # never "collected"
+    assert seen.read_text().splitlines() == ["thread", "atexit"]  # never "torn down"
 
 
 def test_a_running_engine_is_frozen_out_of_collections_until_it_stops() -> None:
