@@ -131,6 +131,19 @@ LEFT_AT_EXIT = textwrap.dedent(
 )
 
 
+def _run_program(tmp_path: Path, program: str, seen: Path) -> "subprocess.CompletedProcess[str]":
+    """`program` as a script in the repository's folder, told where to write what it sees."""
+    script = tmp_path / "program.py"
+    script.write_text(program)
+    return subprocess.run(
+        [sys.executable, str(script), str(seen)],
+        cwd=Path(__file__).parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
 @pytest.mark.parametrize("installed", [True, False])
 def test_engine_processes_end_as_forked_ones_without_the_interpreters_teardown(
     tmp_path: Path, installed: bool
@@ -138,17 +151,9 @@ def test_engine_processes_end_as_forked_ones_without_the_interpreters_teardown(
     """CPython's teardown collects the heap again (2 s after importing vLLM); a spawned
     engine process ends as a forked one does, after its run: its exit code kept, the cycles
     it left never collected (their finalizer never runs)."""
-    script = tmp_path / "owner.py"
     program = LEFT_AT_EXIT if installed else LEFT_AT_EXIT.replace("worker.process.install()", "")
-    script.write_text(program)
     seen = tmp_path / "seen.txt"
-    ran = subprocess.run(
-        [sys.executable, str(script), str(seen)],
-        cwd=Path(__file__).parent.parent,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    ran = _run_program(tmp_path, program, seen)
     assert ran.returncode == 0 and ran.stdout.strip() == "3", ran.stderr
     # Without it, CPython's teardown collects the cycle (the test's check that it would).
     assert seen.exists() is not installed
@@ -197,16 +202,8 @@ def test_the_command_ends_as_the_interpreter_would_without_its_teardown(tmp_path
     """`overnight` (every command) ends with its code, its other threads joined, its atexit
     handlers run (`atexit._run_exitfuncs`, pinned here) and its output flushed; the
     interpreter's teardown (its sweep of the heap: 2 s after vLLM's imports) never runs."""
-    script = tmp_path / "command.py"
-    script.write_text(ENDED_BY_THE_COMMAND)
     seen = tmp_path / "seen.txt"
-    ran = subprocess.run(
-        [sys.executable, str(script), str(seen)],
-        cwd=Path(__file__).parent.parent,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    ran = _run_program(tmp_path, ENDED_BY_THE_COMMAND, seen)
     assert ran.returncode == 3, ran.stderr
     assert ran.stdout == "buffered, not flushed"
     assert seen.read_text().splitlines() == ["thread", "atexit"]  # never "torn down"
