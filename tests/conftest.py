@@ -2,7 +2,6 @@
 
 import os
 import secrets
-from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -149,15 +148,6 @@ def reference(smollm2: Path, models_data_dir: Path) -> Iterator[Callable[[], lis
 
 def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Files with engine tests first, then the rest, larger files first. pytest-xdist hands
-    out whole files in this order (`--dist loadfile --no-loadscope-reorder`): a file of engine
-    starts taking minutes, begun last, left the other processes idle at the end."""
-    engine_files = {item.path for item in items if item.get_closest_marker("engine")}
-    sizes = Counter(item.path for item in items)
-    items.sort(key=lambda item: (item.path not in engine_files, -sizes[item.path], item.path))
 
 
 @pytest.fixture
