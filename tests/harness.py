@@ -5,6 +5,7 @@ import functools
 import hashlib
 import os
 import secrets
+import select
 import shutil
 import socket
 import tempfile
@@ -35,6 +36,14 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
+
+
+def readable(sock: socket.socket, seconds: float) -> bool:
+    """Whether `sock` has something to read within `seconds`. poll(2), not select(2): a test
+    process that has opened many files holds descriptors (1,024 and up) select cannot take."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(seconds * 1000))
 
 
 @contextmanager

@@ -1,6 +1,5 @@
 """Bodies the server will not hold (too large, stalled) and methods no route takes."""
 
-import select
 import socket
 import time
 from collections.abc import Iterator
@@ -10,7 +9,7 @@ import pytest
 
 from app.config import Settings
 from tests.forms import JSON_TYPE
-from tests.harness import RunningServer, running_server
+from tests.harness import RunningServer, readable, running_server
 from tests.spec import assert_error
 
 LIMIT = 64 * 1024
@@ -59,7 +58,7 @@ def test_a_json_body_past_the_limit_is_refused_while_it_streams(
                 break
             sent += len(chunk)
             # Past the limit, wait a little for the answer before sending more.
-            if select.select([sock], [], [], 0.05 if sent > LIMIT else 0)[0]:
+            if readable(sock, 0.05 if sent > LIMIT else 0):
                 break
         answer = _response(sock)
     assert answer.startswith(b"HTTP/1.1 413 "), answer[:200]

@@ -1,6 +1,5 @@
 """A real webhook receiver on loopback, for the webhook tests and the dashboard's."""
 
-import select
 import socket
 import socketserver
 import threading
@@ -11,7 +10,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from tests.harness import free_port
+from tests.harness import free_port, readable
 
 
 @dataclass
@@ -140,8 +139,7 @@ def stalling_receiver(stall: Stall = DRIP) -> Iterator[StallingReceiver]:
             self._send(sock, stall.head)
             ends = time.monotonic() + stall.for_seconds
             while time.monotonic() < ends and not stop.is_set():
-                readable, _, _ = select.select([sock], [], [], stall.every)
-                if readable and not sock.recv(1):
+                if readable(sock, stall.every) and not sock.recv(1):
                     return  # the client closed its side
                 self._send(sock, stall.chunk)
 
