@@ -107,14 +107,16 @@ def test_answers_without_importing_the_service(invocation: tuple[str, ...]) -> N
 def test_answers_under_half_a_second(invocation: tuple[str, ...]) -> None:
     """The fastest of up to three runs of the installed command: one busy moment is not the
     CLI (a run within the bound ends the tries)."""
-    times: list[float] = []
-    while len(times) < 3 and min(times, default=FAST_ENOUGH_SECONDS) >= FAST_ENOUGH_SECONDS:
+    times = []
+    for _ in range(3):
         started = time.perf_counter()
         result = subprocess.run(
             [str(OVERNIGHT), *invocation], capture_output=True, text=True, timeout=120
         )
         times.append(time.perf_counter() - started)
         assert result.returncode == 0, result.stderr
+        if times[-1] < FAST_ENOUGH_SECONDS:
+            break
     assert min(times) < FAST_ENOUGH_SECONDS, f"{_ids(invocation)}: {times}"
 
 
