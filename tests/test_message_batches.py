@@ -39,7 +39,7 @@ from tests.engine_fixtures import (
     wait_status,
 )
 from tests.fake_engine import FakeEngine, ThreadedWorker, fast
-from tests.harness import RunningServer, free_port, running_server
+from tests.harness import RunningServer, free_port, pauses, running_server
 
 ADMIN_KEY = "sk-admin-message-batches"
 DAY = 24 * 3600
@@ -81,9 +81,10 @@ def requests(*texts: str, **extra: Any) -> list[Any]:
 
 def wait_ended(client: anthropic.Anthropic, batch_id: str, timeout: float = 60) -> MessageBatch:
     deadline = time.monotonic() + timeout
+    waits = pauses()
     while (batch := client.messages.batches.retrieve(batch_id)).processing_status != "ended":
         assert time.monotonic() < deadline, f"{batch_id} still {batch.processing_status}"
-        time.sleep(0.05)
+        time.sleep(next(waits))
     return batch
 
 
