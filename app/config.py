@@ -39,6 +39,11 @@ DEFAULT_MODELS = [
 ]
 
 
+def embedded_database_url(data_dir: Path) -> str:
+    """The URL of a data directory's embedded SQLite database (no OVERNIGHT_DATABASE_URL)."""
+    return f"sqlite:///{(data_dir / 'overnight.db').resolve()}"
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="OVERNIGHT_",
@@ -178,9 +183,7 @@ class Settings(BaseSettings):
 
     @property
     def sqlalchemy_url(self) -> str:
-        if self.database_url:
-            return self.database_url
-        return f"sqlite:///{(self.data_dir / 'overnight.db').resolve()}"
+        return self.database_url or embedded_database_url(self.data_dir)
 
     @property
     def storage_dir(self) -> Path:

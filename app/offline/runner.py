@@ -13,7 +13,7 @@ from pathlib import Path
 
 import orjson
 
-from app.config import ServedModel, Settings, get_settings
+from app.config import ServedModel, Settings, embedded_database_url, get_settings
 from app.core.states import TERMINAL_BATCH_STATUSES, BatchStatus
 from app.db.session import engine_for, session_scope, upgrade
 from app.endpoints import CHAT, SUPPORTED
@@ -284,8 +284,7 @@ def _remove_work_dir(work_dir: Path) -> None:
 
 def _release(work_dir: Path) -> None:
     """Cached handles on the work directory's database and store go before their files."""
-    url = Settings(_env_file=None, data_dir=work_dir, database_url=None).sqlalchemy_url  # type: ignore[call-arg]
-    engine_for(url).dispose()
+    engine_for(embedded_database_url(work_dir)).dispose()
     storage_for.cache_clear()
 
 
