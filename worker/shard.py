@@ -317,8 +317,10 @@ class ShardRun:
             )
         except Exception as exc:
             if self._lease_may_have_lapsed():
+                why = str(exc).partition("\n")[0]  # a database error goes on with its SQL
                 raise HeartbeatLost(
-                    f"cannot renew the lease of shard {self.lease.shard_id}"
+                    f"cannot renew the lease of shard {self.lease.shard_id} "
+                    f"({type(exc).__name__}: {why})"
                 ) from exc
             if not self._failing:
                 log.warning("checkpoint of shard %s failed, retrying: %s", self.lease.shard_id, exc)
