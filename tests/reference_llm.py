@@ -84,8 +84,13 @@ def answers_in_background(
         except BlockingIOError:  # another process computes them and holds the lock till then
 
             def waited() -> list[str]:
-                fcntl.flock(lock, fcntl.LOCK_EX)
-                return read()
+                # Shared, and let go at once: a lock kept till this process's end would make
+                # every later process wait for that end (one run's last test file stood 190 s).
+                fcntl.flock(lock, fcntl.LOCK_SH)
+                try:
+                    return read()
+                finally:
+                    fcntl.flock(lock, fcntl.LOCK_UN)
 
             yield waited
             return
