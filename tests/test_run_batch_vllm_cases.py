@@ -2,7 +2,8 @@
 
 The cases of vLLM's `tests/entrypoints/launchers/test_run_batch.py`: the same JSONL inputs,
 flags and assertions (every output line validated by vLLM's own `BatchRequestOutput`), with
-the bundled models in place of vLLM's hub models. The output file is opened before the run,
+the bundled models in place of vLLM's hub models, and greedy chat cases (`GREEDY`: a sampled
+answer's length is chance). The output file is opened before the run,
 as vLLM's tests do, and read through that handle.
 
 `OVERNIGHT_VLLM_CASES_RUNNER=vllm` runs the same cases against vLLM's own runner
@@ -247,13 +248,21 @@ class Case:
     max_model_len: int = CHAT_MAX_MODEL_LEN  # the chat model's
 
 
+# The chat cases set no temperature. Sampled, an answer's length turns on which requests the
+# engine happens to step together: the completions case's two answers took 17 and 7 tokens in
+# two runs side by side and ran to their 1,000-token limit in the third (139 s of CPU against
+# 24 s; in both full runs of one day). vLLM's own switch makes the model's default sampling
+# greedy, so each chat case asks the same tokens every time (5 and 26 for completions).
+GREEDY = ("--override-generation-config", '{"temperature": 0}')
+
+
 def cases(file_server: str) -> dict[str, Case]:
     """Every case, in the order the tests below read them."""
     audio = f"{file_server}/mary_had_lamb.wav"
-    tools = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
+    tools = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes", *GREEDY)
     return {
         "empty": Case("", EMBEDDING_MODEL_NAME),
-        "completions": Case(INPUT_BATCH, CHAT_MODEL_NAME),
+        "completions": Case(INPUT_BATCH, CHAT_MODEL_NAME, GREEDY),
         "invalid": Case(INVALID_INPUT_BATCH, CHAT_MODEL_NAME),
         "embeddings": Case(INPUT_EMBEDDING_BATCH, EMBEDDING_MODEL_NAME),
         "score": Case(INPUT_SCORE_BATCH, RERANKER_MODEL_NAME),
@@ -263,7 +272,7 @@ def cases(file_server: str) -> dict[str, Case]:
         "reasoning": Case(
             INPUT_REASONING_BATCH,
             REASONING_MODEL_NAME,
-            ("--reasoning-parser", "qwen3"),
+            ("--reasoning-parser", "qwen3", *GREEDY),
             max_model_len=512,
         ),
         "tools": Case(INPUT_TOOL_CALLING_BATCH, REASONING_MODEL_NAME, tools),
