@@ -40,17 +40,17 @@ class Recording(FakeEngine):
         return await super().run(endpoint, body, request_id)
 
 
-def in_progress_batch(settings: Settings, lines: int) -> str:
+def in_progress_batch(settings: Settings, lines: int, shortest: float = 0.1) -> str:
     """A batch of `lines` requests through creation and validation: in_progress.
 
-    Line i asks for itself as content and takes 0.1 to 0.34 s in the engine: spread out, so
-    that finishing requests free their slots one at a time.
+    Line i asks for itself as content and takes `shortest` to 3.4 times that in the engine:
+    spread out, so that finishing requests free their slots one at a time.
     """
     bodies = (
         {
             "model": MODEL,
             "messages": [{"role": "user", "content": str(i)}],
-            "delay": 0.1 + 0.04 * (i % 7),
+            "delay": shortest * (1 + 0.4 * (i % 7)),
         }
         for i in range(lines)
     )
@@ -117,7 +117,10 @@ def test_the_next_shard_reaches_the_engine_before_the_current_one_drains(
     upgrade(settings.sqlalchemy_url)
     engine = Recording(max_num_seqs=4)  # a window of 8
     with ThreadedWorker(settings, engine):
-        batch_id = in_progress_batch(settings, shard_lines * shards)
+        # The next shard's claim and read must fit in what the window still holds: 16 lines
+        # of 0.3 to 1 s, about 1.3 s. With a third of that, a claim on PostgreSQL in a full
+        # run (three test processes on two cores) came late once: 3 lines were left beside.
+        batch_id = in_progress_batch(settings, shard_lines * shards, shortest=0.3)
         wait_for(lambda: batch_sim.load_batch(settings, batch_id).status == "completed", 60)
     assert engine.peak == 8
     for shard in range(1, shards):
