@@ -84,8 +84,8 @@ def answers_in_background(
         except BlockingIOError:  # another process computes them and holds the lock till then
 
             def waited() -> list[str]:
-                # Shared, and let go at once: a lock kept till this process's end would make
-                # every later process wait for that end (one run's last test file stood 190 s).
+                # Shared, and let go at once: a lock kept till this process's end made every
+                # later process wait for that end (one run's last test file stood 190 s).
                 fcntl.flock(lock, fcntl.LOCK_SH)
                 try:
                     return read()
@@ -94,7 +94,8 @@ def answers_in_background(
 
             yield waited
             return
-        if target.exists():
+        if target.exists():  # computed already: the lock is for a computation only
+            fcntl.flock(lock, fcntl.LOCK_UN)
             yield read
             return
         source = folder / "in.json"
