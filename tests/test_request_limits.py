@@ -1,5 +1,6 @@
 """Bodies the server will not hold (too large, stalled) and methods no route takes."""
 
+import re
 import socket
 import time
 from collections.abc import Iterator
@@ -32,10 +33,19 @@ def _connect(server: RunningServer) -> socket.socket:
 
 
 def _response(sock: socket.socket) -> bytes:
+    """The response's head and its whole body: the two may arrive in separate segments."""
     received = b""
-    while b"\r\n\r\n" not in received and (chunk := sock.recv(65536)):
+    while not _complete(received) and (chunk := sock.recv(65536)):
         received += chunk
     return received
+
+
+def _complete(received: bytes) -> bool:
+    head, separator, body = received.partition(b"\r\n\r\n")
+    if not separator:
+        return False
+    length = re.search(rb"\r\ncontent-length: *(\d+)", head, re.IGNORECASE)
+    return len(body) >= (int(length.group(1)) if length else 0)
 
 
 @pytest.mark.parametrize("path", ["/v1/batches", "/v1/uploads", "/v1/admin/api_keys"])
