@@ -46,6 +46,26 @@ def readable(sock: socket.socket, seconds: float) -> bool:
     return bool(poller.poll(seconds * 1000))
 
 
+def read_http_message(sock: socket.socket) -> bytes:
+    """An HTTP request or response from `sock`: its head, then `content-length` bytes of body
+    (a server may write the two apart, and they can arrive apart). ConnectionError if the peer
+    hangs up before the message is whole."""
+    data = b""
+    while not _whole(data):
+        more = sock.recv(65536)
+        if not more:
+            raise ConnectionError(f"the peer hung up before its message was whole: {data[:300]!r}")
+        data += more
+    return data
+
+
+def _whole(data: bytes) -> bool:
+    head, separator, body = data.partition(b"\r\n\r\n")
+    lengths = [line for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")]
+    length = int(lengths[0].split(b":", 1)[1]) if lengths else 0
+    return bool(separator) and len(body) >= length
+
+
 def pauses(longest: float = 0.25) -> Iterator[float]:
     """Waits between polls of the API: 20 ms at first, half as long again each time, up to
     `longest`. A poll costs the test process and its server about 5 ms of CPU: at 50 a second

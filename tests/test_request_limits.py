@@ -1,6 +1,5 @@
 """Bodies the server will not hold (too large, stalled) and methods no route takes."""
 
-import re
 import socket
 import time
 from collections.abc import Iterator
@@ -10,7 +9,7 @@ import pytest
 
 from app.config import Settings
 from tests.forms import JSON_TYPE
-from tests.harness import RunningServer, readable, running_server
+from tests.harness import RunningServer, read_http_message, readable, running_server
 from tests.spec import assert_error
 
 LIMIT = 64 * 1024
@@ -30,22 +29,6 @@ def limited(settings: Settings) -> Iterator[RunningServer]:
 def _connect(server: RunningServer) -> socket.socket:
     host, port = server.url.removeprefix("http://").split(":")
     return socket.create_connection((host, int(port)), timeout=10)
-
-
-def _response(sock: socket.socket) -> bytes:
-    """The response's head and its whole body: the two may arrive in separate segments."""
-    received = b""
-    while not _complete(received) and (chunk := sock.recv(65536)):
-        received += chunk
-    return received
-
-
-def _complete(received: bytes) -> bool:
-    head, separator, body = received.partition(b"\r\n\r\n")
-    if not separator:
-        return False
-    length = re.search(rb"\r\ncontent-length: *(\d+)", head, re.IGNORECASE)
-    return len(body) >= (int(length.group(1)) if length else 0)
 
 
 @pytest.mark.parametrize("path", ["/v1/batches", "/v1/uploads", "/v1/admin/api_keys"])
@@ -70,7 +53,7 @@ def test_a_json_body_past_the_limit_is_refused_while_it_streams(
             # Past the limit, wait a little for the answer before sending more.
             if readable(sock, 0.05 if sent > LIMIT else 0):
                 break
-        answer = _response(sock)
+        answer = read_http_message(sock)
     assert answer.startswith(b"HTTP/1.1 413 "), answer[:200]
     assert b'"code":"request_too_large"' in answer
     assert sent < 16 * LIMIT
@@ -95,7 +78,7 @@ def test_a_stalled_body_is_ended_and_its_connection_closed(limited: RunningServe
             b"Content-Length: 100\r\n\r\n" + b'{"a": '
         )
         started = time.monotonic()
-        answer = _response(sock)
+        answer = read_http_message(sock)
         assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
         assert b"\r\nconnection: close\r\n" in answer.lower(), answer[:400]
         assert time.monotonic() - started < 9  # a 1 s timeout, on a loaded 2-core machine

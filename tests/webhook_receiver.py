@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from tests.harness import free_port, readable
+from tests.harness import free_port, read_http_message, readable
 
 
 @dataclass
@@ -125,7 +125,7 @@ def stalling_receiver(stall: Stall = DRIP) -> Iterator[StallingReceiver]:
                 live = sum(1 for sock in state.sockets if not _closed_by_client(sock))
                 state.most_open = max(state.most_open, live)
             try:
-                _read_request(self.request)
+                read_http_message(self.request)
                 with state.lock:
                     state.requests += 1
                 self._stall(self.request)
@@ -168,21 +168,3 @@ def _closed_by_client(sock: socket.socket) -> bool:
         return False
     except OSError:
         return True
-
-
-def _read_request(sock: socket.socket) -> None:
-    """Reads a request's head and its `content-length` bytes of body."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        more = sock.recv(65536)
-        if not more:
-            raise ConnectionError("the client hung up before its request was complete")
-        data += more
-    head, body = data.split(b"\r\n\r\n", 1)
-    lengths = [line for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")]
-    length = int(lengths[0].split(b":", 1)[1]) if lengths else 0
-    while len(body) < length:
-        more = sock.recv(65536)
-        if not more:
-            raise ConnectionError("the client hung up before its request was complete")
-        body += more
