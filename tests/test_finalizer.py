@@ -167,6 +167,31 @@ def test_a_finalizer_that_died_is_replaced(db: Settings) -> None:
     assert batch.completed + batch.failed == 7
 
 
+def test_a_finalizer_thought_dead_that_ends_the_batch_leaves_nothing_to_claim(db: Settings) -> None:
+    batch_id = new_batch(db, 7)
+    sim.run_batch(db, batch_id)
+    slow = finalization_claim.claim_next(db, "slow", set())
+    assert slow is not None
+    with session_scope(db) as session:  # its holder froze: its lease lapsed
+        session.execute(
+            update(Batch).where(Batch.id == batch_id).values(heartbeat_at=time.time() - 10)
+        )
+    [(candidate, epoch)] = finalization_claim.candidates(db)
+    # It wakes and ends the batch between another finalizer's look and that one's claim.
+    assert finalization.finalize(db, storage_for(str(db.storage_dir)), slow)
+    ended = sim.load_batch(db, batch_id)
+    assert ended.status == "completed" and ended.completed + ended.failed == 7
+    assert finalization_claim.claim(db, candidate, epoch, "late") is None
+    after = sim.load_batch(db, batch_id)
+    assert (after.status, after.completed, after.failed, after.output_file_id) == (
+        "completed",
+        ended.completed,
+        ended.failed,
+        ended.output_file_id,
+    )
+    assert finalize_ready_batches(db, "late") == 0
+
+
 def test_usage_and_counts_come_from_the_written_lines(db: Settings) -> None:
     batch_id = new_batch(db, 9, output_expires_after={"anchor": "created_at", "seconds": 3600})
 

@@ -47,11 +47,14 @@ def retry_delay(failures: int) -> float:
     return min(first * 2 ** (failures - 1), most)
 
 
-def take(session: Session, batch_id: str, seen_epoch: int, owner: str) -> BatchLease | None:
-    """Takes the lease if its epoch is still `seen_epoch` (compare-and-set)."""
+def take(
+    session: Session, batch_id: str, seen_epoch: int, owner: str, *still: ColumnElement[bool]
+) -> BatchLease | None:
+    """Takes the lease if its epoch is still `seen_epoch` (compare-and-set) and the batch
+    still meets the conditions `still` it was chosen by."""
     result = session.execute(
         update(Batch)
-        .where(Batch.id == batch_id, Batch.lease_epoch == seen_epoch)
+        .where(Batch.id == batch_id, Batch.lease_epoch == seen_epoch, *still)
         .values(lease_owner=owner, lease_epoch=seen_epoch + 1, heartbeat_at=leases.stamp())
         .execution_options(synchronize_session=False)
     )

@@ -67,18 +67,18 @@ def ready(settings: Settings) -> ColumnElement[bool]:
     )
 
 
+def claimable(settings: Settings) -> ColumnElement[bool]:
+    """SQL condition: ready, nobody finalizing it, and no backoff to wait out."""
+    return and_(ready(settings), batch_lease.lease_is_free(settings), batch_lease.step_due())
+
+
 def candidates(settings: Settings, seen: Collection[str] = ()) -> list[tuple[str, int]]:
     """Ready batches nobody is finalizing, but those `seen`, in the order they are taken."""
     # Batches whose finalization never failed first: failing ones wait out their backoff and
     # then come behind them.
     waiting = (
         select(Batch.id, Batch.lease_epoch)
-        .where(
-            ready(settings),
-            batch_lease.lease_is_free(settings),
-            batch_lease.step_due(),
-            Batch.id.not_in(seen),
-        )
+        .where(claimable(settings), Batch.id.not_in(seen))
         .order_by(Batch.step_failures)
     )
     with session_scope(settings) as session:
@@ -92,7 +92,9 @@ def candidates(settings: Settings, seen: Collection[str] = ()) -> list[tuple[str
 
 def claim(settings: Settings, batch_id: str, epoch: int, owner: str) -> Finalization | None:
     with session_scope(settings) as session:
-        lease = batch_lease.take(session, batch_id, epoch, owner)
+        # Checked again as the lease is taken: another finalizer may have ended the batch
+        # since it was chosen, keeping the epoch (a lapsed holder that woke up and recorded).
+        lease = batch_lease.take(session, batch_id, epoch, owner, claimable(settings))
         if lease is None:
             return None
         waiting = ready(settings)
