@@ -42,7 +42,12 @@ $dev && extras="$extras,dev"
 
 # torch first, through pip: pip honours the machine's own pip settings (a local CPU wheel, a
 # constraint), which uv does not read; uv then keeps the torch it finds.
-torch=$(grep "^$flavour = " pyproject.toml | grep -o '"torch==[^"]*"' | tr -d '"')
+torch=$(.venv/bin/python - "$flavour" <<'PY'
+import sys, tomllib
+extra = tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"][sys.argv[1]]
+print(next(requirement for requirement in extra if requirement.startswith("torch")))
+PY
+)
 "${pip[@]}" install -q "$torch"
 if $deps_only; then
   # The requirements of overnight[$extras], read from pyproject.toml, without overnight.
