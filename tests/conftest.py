@@ -12,10 +12,15 @@ import pytest
 
 from app.config import Settings
 from tests.file_server import serving_files
-from tests.harness import RunningServer, fresh_database, running_server, s3_server
+from tests.harness import (
+    BACKENDS,
+    RunningServer,
+    chosen_backends,
+    isolated_settings,
+    running_server,
+    s3_server,
+)
 from tests.reference_llm import answers_in_background
-
-BACKENDS = ["sqlite", "postgresql"]
 
 
 def _spread_engines_over_cores() -> None:
@@ -45,19 +50,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "backend" in metafunc.fixturenames:
-        chosen = metafunc.config.getoption("--backend")
-        backends = BACKENDS if chosen == "all" else [chosen]
+        backends = chosen_backends(metafunc.config)
         # `@pytest.mark.backends("sqlite")`: a test whose database part is covered elsewhere.
         if only := metafunc.definition.get_closest_marker("backends"):
             backends = [b for b in backends if b in only.args]
         metafunc.parametrize("backend", backends, scope="function")
+    if "databases" in metafunc.fixturenames:
+        # A test that sends each of its cases to a server on every database (one id for all).
+        metafunc.parametrize("databases", ["+".join(chosen_backends(metafunc.config))])
 
 
 @pytest.fixture
 def settings(backend: str, tmp_path: Path) -> Iterator[Settings]:
     """Settings of an isolated deployment: its own data dir and its own migrated database."""
-    with fresh_database(backend, tmp_path, migrated=True) as url:
-        yield Settings(data_dir=tmp_path, database_url=url, _env_file=None)  # type: ignore[call-arg]
+    with isolated_settings(backend, tmp_path) as settings:
+        yield settings
 
 
 @pytest.fixture

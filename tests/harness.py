@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
+import pytest
 import uvicorn
 from moto.server import ThreadedMotoServer
 
@@ -29,6 +30,13 @@ REPO = Path(__file__).resolve().parent.parent
 POSTGRES_ADMIN_URL = os.environ.get(
     "OVERNIGHT_TEST_POSTGRES_URL", "postgresql://root@127.0.0.1:5432/test"
 )
+BACKENDS = ["sqlite", "postgresql"]
+
+
+def chosen_backends(config: pytest.Config) -> list[str]:
+    """The databases this run tests on: `--backend`, both by default."""
+    chosen = config.getoption("--backend")
+    return BACKENDS if chosen == "all" else [chosen]
 
 
 def free_port() -> int:
@@ -97,6 +105,14 @@ def fresh_database(backend: str, data_dir: Path, migrated: bool = False) -> Iter
         engine_for(url).dispose()
         with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@contextmanager
+def isolated_settings(backend: str, data_dir: Path) -> Iterator[Settings]:
+    """Settings of an isolated deployment: its own data dir and its own migrated database."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    with fresh_database(backend, data_dir, migrated=True) as url:
+        yield Settings(data_dir=data_dir, database_url=url, _env_file=None)  # type: ignore[call-arg]
 
 
 def _postgres_url(name: str) -> str:

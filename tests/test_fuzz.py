@@ -1,13 +1,16 @@
 """Hostile input: schema-driven fuzzing of the published API, and the probes that broke it.
 
 Whatever arrives, the answer is never a 5xx and its body is what `openapi/openapi.json`
-promises (OpenAI's error envelope for every 4xx), on SQLite and PostgreSQL alike.
+promises (OpenAI's error envelope for every 4xx), on SQLite and PostgreSQL alike: each
+generated request goes to a server on each database, so both answer the same requests and
+drawing them (most of the fuzzer's time) is paid once.
 """
 
 import json
 import logging
 import socket
 from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +27,7 @@ from schemathesis.specs.openapi.checks import (
 
 from app.config import Settings
 from tests.forms import Part, content_type, multipart
-from tests.harness import RunningServer, running_server
+from tests.harness import RunningServer, isolated_settings, running_server
 from tests.spec import assert_error
 
 DOCUMENT = Path(__file__).resolve().parent.parent / "openapi" / "openapi.json"
@@ -40,19 +43,42 @@ CHECKS = [
 schema = schemathesis.openapi.from_path(str(DOCUMENT))
 
 
-@pytest.fixture
-def fuzzed(settings: Settings, caplog: pytest.LogCaptureFixture) -> Iterator[RunningServer]:
-    """A server with an admin key (so created keys cannot close it mid-run); no error logged."""
+@contextmanager
+def no_error_logged(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
     uvicorn_errors = logging.getLogger("uvicorn.error")
     uvicorn_errors.addHandler(caplog.handler)
     try:
-        with running_server(settings.model_copy(update={"admin_key": ADMIN_KEY})) as server:
-            yield server
+        yield
     finally:
         uvicorn_errors.removeHandler(caplog.handler)
     records = [*caplog.get_records("setup"), *caplog.get_records("call")]
     errors = [r for r in records if r.levelno >= logging.ERROR]
     assert not errors, [r.getMessage() for r in errors]
+
+
+def with_admin_key(settings: Settings) -> Settings:
+    """An admin key, so that keys the fuzzer creates cannot close the server mid-run."""
+    return settings.model_copy(update={"admin_key": ADMIN_KEY})
+
+
+@pytest.fixture
+def fuzzed(settings: Settings, caplog: pytest.LogCaptureFixture) -> Iterator[RunningServer]:
+    """A server with an admin key; no error logged."""
+    with no_error_logged(caplog), running_server(with_admin_key(settings)) as server:
+        yield server
+
+
+@pytest.fixture
+def fuzzed_on_each_database(
+    databases: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> Iterator[dict[str, RunningServer]]:
+    """A server with an admin key on each database of the run, by name; no error logged."""
+    with no_error_logged(caplog), ExitStack() as stack:
+        servers = {}
+        for backend in databases.split("+"):
+            configured = stack.enter_context(isolated_settings(backend, tmp_path / backend))
+            servers[backend] = stack.enter_context(running_server(with_admin_key(configured)))
+        yield servers
 
 
 @schema.parametrize()
@@ -63,9 +89,14 @@ def fuzzed(settings: Settings, caplog: pytest.LogCaptureFixture) -> Iterator[Run
     derandomize=True,
 )
 def test_no_operation_answers_5xx_or_breaks_its_schema(
-    case: schemathesis.Case, fuzzed: RunningServer
+    case: schemathesis.Case, fuzzed_on_each_database: dict[str, RunningServer]
 ) -> None:
-    case.call_and_validate(base_url=fuzzed.url, headers=AUTH, checks=CHECKS, timeout=30)
+    for backend, server in fuzzed_on_each_database.items():
+        try:
+            case.call_and_validate(base_url=server.url, headers=AUTH, checks=CHECKS, timeout=30)
+        except Exception as failure:
+            failure.add_note(f"on {backend}")
+            raise
 
 
 def assert_envelope(response: httpx.Response, status: int) -> dict[str, Any]:
