@@ -11,6 +11,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from app.api.body import BodyTimeoutMiddleware
 from app.api.browser_guard import BrowserGuardMiddleware
+from app.api.error_handlers import install_error_handlers
 from app.api.nul_bytes import RejectNulMiddleware
 from app.api.openapi import install_openapi
 from app.api.routes import (
@@ -27,7 +28,6 @@ from app.asgi import HttpMiddleware
 from app.config import Settings, get_settings
 from app.dashboard import install_dashboard
 from app.db.session import session_scope, upgrade
-from app.errors import install_error_handlers
 from app.ids import new_request_id
 from app.logging import AccessLogMiddleware
 from app.metrics import install_metrics

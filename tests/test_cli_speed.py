@@ -14,6 +14,7 @@ import pytest
 from app.cli import build_parser
 from app.client.arguments import Deferred
 from tests.engine_fixtures import REPO
+from tests.harness import RunningServer
 
 OVERNIGHT = Path(sys.executable).with_name("overnight")
 FAST_ENOUGH_SECONDS = 0.5
@@ -101,6 +102,29 @@ def test_answers_without_importing_the_service(invocation: tuple[str, ...]) -> N
         if not name.startswith(SITE_HOOKS)
     }
     assert not foreign, f"third-party imports for {_ids(invocation)}: {sorted(foreign)}"
+
+
+# What a command over HTTP has no use for: the server's stack, the database layer, S3, vLLM.
+SERVER_SIDE = HEAVY - {"openai", "httpx", "pydantic", "rich"}
+
+
+@pytest.mark.backends("sqlite")
+@pytest.mark.parametrize("command", [("batches", "list"), ("files", "list")], ids=" ".join)
+def test_commands_over_http_load_none_of_the_server(
+    server: RunningServer, command: tuple[str, ...]
+) -> None:
+    """The people's commands talk to the API: the settings they read (for a base URL) must not
+    pull in the web framework, SQLAlchemy or boto3 (they did, a third of each command's start)."""
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "app.cli", *command],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+        env={**os.environ, "OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": "k"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(_imported(result.stderr) & SERVER_SIDE) == []
 
 
 @pytest.mark.parametrize("invocation", INVOCATIONS, ids=_ids)

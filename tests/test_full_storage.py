@@ -19,7 +19,8 @@ import pytest
 from botocore.awsrequest import AWSResponse
 
 from app.config import Settings
-from app.storage import S3Storage, storage_of
+from app.storage import storage_of
+from app.storage.s3 import S3Storage
 from tests.engine_fixtures import chat_line, jsonl, results, start_batch, wait_status
 from tests.fake_engine import FakeEngine, ThreadedWorker, fast
 from tests.harness import RunningServer, running_server

@@ -22,9 +22,9 @@ from app.config import Settings
 from app.core.chunks import chunk_key
 from app.services.files import file_storage_key
 from app.services.uploads import part_storage_prefix
-from app.storage import LocalStorage, S3Storage, Storage, storage_for
+from app.storage import LocalStorage, Storage, storage_for
 from app.storage.base import KEY_FOLDERS, put
-from app.storage.s3 import PART_SIZE
+from app.storage.s3 import PART_SIZE, S3Storage
 from tests.harness import running_server
 
 MiB = 1 << 20

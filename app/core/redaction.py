@@ -2,9 +2,6 @@
 
 import re
 
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError
-
 HIDDEN = "***"
 # `scheme://user:password@`, in text that is no URL SQLAlchemy can parse.
 _USER_INFO = re.compile(r"(//[^/@:]*:)[^/@]*@")
@@ -12,6 +9,11 @@ _USER_INFO = re.compile(r"(//[^/@:]*:)[^/@]*@")
 
 def masked_url(url: str) -> str:
     """`url` with its password (in the user info or a `password` query parameter) as `***`."""
+    # Imported here: the settings check S3 URLs with this module, and the CLI's commands over
+    # HTTP read the settings without needing SQLAlchemy (a quarter of their start).
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
     try:
         parsed = make_url(url)
     except (ArgumentError, ValueError):

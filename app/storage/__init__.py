@@ -8,7 +8,6 @@ from typing import Protocol
 
 from app.storage.base import Storage, StoredObject, Writer
 from app.storage.local import LocalStorage
-from app.storage.s3 import S3Storage
 
 
 class StoreSettings(Protocol):
@@ -23,7 +22,6 @@ class StoreSettings(Protocol):
 
 __all__ = [
     "LocalStorage",
-    "S3Storage",
     "Storage",
     "StoredObject",
     "Writer",
@@ -39,6 +37,9 @@ def storage_for(location: str, endpoint_url: str | None = None) -> Storage:
     `endpoint_url` points S3 at MinIO or another S3-compatible store; a directory ignores it.
     """
     if location.startswith("s3://"):
+        # boto3 is imported where a bucket is used: the CLI's commands start without it.
+        from app.storage.s3 import S3Storage
+
         return S3Storage.from_url(location, endpoint_url)
     return LocalStorage(location)
 
