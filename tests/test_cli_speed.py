@@ -106,10 +106,11 @@ def test_answers_without_importing_the_service(invocation: tuple[str, ...]) -> N
 
 # What a command over HTTP has no use for: the server's stack, the database layer, S3, vLLM.
 SERVER_SIDE = HEAVY - {"openai", "httpx", "pydantic", "rich"}
+OVER_HTTP = [("batches", "list"), ("files", "list"), ("projects", "list"), ("webhooks", "list")]
 
 
 @pytest.mark.backends("sqlite")
-@pytest.mark.parametrize("command", [("batches", "list"), ("files", "list")], ids=" ".join)
+@pytest.mark.parametrize("command", [*OVER_HTTP, ("status",)], ids=" ".join)
 def test_commands_over_http_load_none_of_the_server(
     server: RunningServer, command: tuple[str, ...]
 ) -> None:
