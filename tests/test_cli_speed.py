@@ -83,18 +83,26 @@ def _imported(importtime: str) -> set[str]:
     return imported
 
 
-@pytest.mark.parametrize("invocation", INVOCATIONS, ids=_ids)
-def test_answers_without_importing_the_service(invocation: tuple[str, ...]) -> None:
+def _run_importing(
+    command: tuple[str, ...], env: dict[str, str] | None = None
+) -> tuple[str, set[str]]:
+    """Runs `overnight COMMAND` under `-X importtime`: what it printed, and what it imported."""
     result = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "app.cli", *invocation],
+        [sys.executable, "-X", "importtime", "-m", "app.cli", *command],
         capture_output=True,
         text=True,
         cwd=REPO,
         timeout=120,
+        env={**os.environ, **(env or {})},
     )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip(), "nothing printed"
-    imported = _imported(result.stderr)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout, _imported(result.stderr)
+
+
+@pytest.mark.parametrize("invocation", INVOCATIONS, ids=_ids)
+def test_answers_without_importing_the_service(invocation: tuple[str, ...]) -> None:
+    printed, imported = _run_importing(invocation)
+    assert printed.strip(), "nothing printed"
     assert not imported & HEAVY
     foreign = {
         name
@@ -116,16 +124,10 @@ def test_commands_over_http_load_none_of_the_server(
 ) -> None:
     """The people's commands talk to the API: the settings they read (for a base URL) must not
     pull in the web framework, SQLAlchemy or boto3 (they did, a third of each command's start)."""
-    result = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "app.cli", *command],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=120,
-        env={**os.environ, "OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": "k"},
+    _, imported = _run_importing(
+        command, {"OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": "k"}
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert sorted(_imported(result.stderr) & SERVER_SIDE) == []
+    assert sorted(imported & SERVER_SIDE) == []
 
 
 @pytest.mark.parametrize("invocation", INVOCATIONS, ids=_ids)
