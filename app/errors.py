@@ -1,5 +1,5 @@
-"""OpenAI's error envelope: the error every failure is reported as (the HTTP handlers that
-send it are `app.api.error_handlers`; the CLI reads it without loading the web stack)."""
+"""OpenAI's error envelope: the error every failure is reported as (`app.http_errors` makes it
+a response; the CLI reads it without loading the web stack)."""
 
 from typing import Any
 

@@ -57,7 +57,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("backend", backends, scope="function")
     if "databases" in metafunc.fixturenames:
         # A test that sends each of its cases to a server on every database (one id for all).
-        metafunc.parametrize("databases", ["+".join(chosen_backends(metafunc.config))])
+        backends = chosen_backends(metafunc.config)
+        metafunc.parametrize("databases", [backends], ids=["+".join(backends)])
 
 
 @pytest.fixture

@@ -70,12 +70,12 @@ def fuzzed(settings: Settings, caplog: pytest.LogCaptureFixture) -> Iterator[Run
 
 @pytest.fixture
 def fuzzed_on_each_database(
-    databases: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    databases: list[str], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> Iterator[dict[str, RunningServer]]:
     """A server with an admin key on each database of the run, by name; no error logged."""
     with no_error_logged(caplog), ExitStack() as stack:
         servers = {}
-        for backend in databases.split("+"):
+        for backend in databases:
             configured = stack.enter_context(isolated_settings(backend, tmp_path / backend))
             servers[backend] = stack.enter_context(running_server(with_admin_key(configured)))
         yield servers

@@ -20,10 +20,10 @@ import uvicorn
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.api.error_handlers import error_response
 from app.config import Settings
 from app.db.session import session_scope
 from app.errors import OpenAIError
+from app.http_errors import error_response
 from app.http_server import server_options
 from app.services import online_usage
 from app.services.auth import Access, Principal, authenticate

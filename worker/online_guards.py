@@ -16,8 +16,8 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from starlette.websockets import WebSocketClose
 
-from app.api.error_handlers import error_response
 from app.errors import OpenAIError
+from app.http_errors import error_response
 from app.services.media_urls import REFUSED_CODE, MediaRule, media_urls
 
 # Answered without a key.

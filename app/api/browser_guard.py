@@ -21,11 +21,11 @@ from urllib.parse import urlsplit
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.api.error_handlers import error_response
 from app.api.unit_of_work import UnitOfWork
 from app.config import Settings
 from app.db.session import read_session_factory
 from app.errors import OpenAIError
+from app.http_errors import error_response
 from app.services.auth import Access
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})

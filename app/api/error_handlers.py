@@ -9,17 +9,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from app.errors import OpenAIError, validation_error
+from app.http_errors import error_response
 from app.storage.base import StorageFull
 
 log = logging.getLogger("overnight.api")
-
-
-def error_response(error: OpenAIError) -> JSONResponse:
-    headers = dict(error.headers)
-    # The SDK retries 409 and 5xx by default; a client error will not change on retry.
-    if 400 <= error.status_code < 500 and error.status_code not in (408, 429):
-        headers.setdefault("x-should-retry", "false")
-    return JSONResponse(error.body(), status_code=error.status_code, headers=headers)
 
 
 def _allowed_methods(request: Request) -> list[str]:

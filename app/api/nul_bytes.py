@@ -13,8 +13,8 @@ from urllib.parse import parse_qsl
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.api.error_handlers import error_response
 from app.errors import OpenAIError
+from app.http_errors import error_response
 from app.schemas.message_batches import ANTHROPIC_PATHS, anthropic_error
 
 NUL = "\x00"
