@@ -2,44 +2,35 @@
 
 The API tests run batches on the real worker loop with the scripted engine, which answers
 `/v1/messages` in Anthropic's shape (its text: the last message reversed), on SQLite and
-PostgreSQL; crash resume runs it in worker processes (tests/fake_worker.py). One test runs
-SmolLM2 on the real vLLM engine: Message Batch results, and an OpenAI batch of
-`/v1/messages` lines, equal vLLM's own `/v1/messages` answers (greedy).
+PostgreSQL; crash resume runs it in worker processes (tests/fake_worker.py). On the real
+vLLM engine, Message Batch results and an OpenAI batch of `/v1/messages` lines equal vLLM's
+own `/v1/messages` answers (greedy): tests/test_online.py, whose SmolLM2 worker serves both.
 """
 
 import os
 import signal
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import anthropic
 import httpx
 import openai
-import orjson
 import pytest
 from anthropic.types.messages import MessageBatch, MessageBatchSucceededResult
 
 from app.config import Settings
-from app.db.session import session_scope
 from app.endpoints import MESSAGES
-from app.services.auth import create_key
 from tests.engine_fixtures import (
     MODEL,
     FakeWorkerProcess,
     chat_line,
-    deployment,
-    file_lines,
     jsonl,
-    line,
     persisted,
-    smollm2_args,
     start_batch,
-    wait_status,
 )
 from tests.fake_engine import FakeEngine, ThreadedWorker, fast
-from tests.harness import RunningServer, free_port, pauses, running_server
+from tests.harness import RunningServer, pauses, running_server
 
 ADMIN_KEY = "sk-admin-message-batches"
 DAY = 24 * 3600
@@ -301,56 +292,3 @@ def test_a_refused_image_url_fails_validation_as_errored_results(
     refused = by_id["image"]
     assert refused.type == "errored" and "169.254.169.254" in refused.error.error.message
     assert by_id["r-0"].type == "errored"  # the batch failed as a whole, as OpenAI's does
-
-
-# -- The real engine: one SmolLM2 worker, its online API serving vLLM's own /v1/messages --
-
-
-@pytest.mark.engine
-@pytest.mark.backends("sqlite")
-def test_results_equal_vllms_own_messages(smollm2: Path, tmp_path: Path) -> None:
-    texts = ["Name three colors.", "What is the capital of France?"]
-    asked: list[Any] = [params(t, max_tokens=24, temperature=0) for t in texts]
-    with deployment("sqlite", tmp_path) as running:
-        with session_scope(running.settings) as session:
-            key = create_key(session, "default", role="admin")[1]
-        port = free_port()
-        worker = running.start_worker(
-            "messages-1", [*smollm2_args(smollm2), "--online-port", str(port)]
-        )
-        worker.wait_ready(timeout=900)
-        with sdk(running.server, key) as client:
-            created = client.messages.batches.create(
-                requests=[{"custom_id": f"m-{i}", "params": p} for i, p in enumerate(asked)]
-            )
-            ended = wait_ended(client, created.id, timeout=600)
-            assert ended.request_counts.succeeded == 2
-            typed = {r.custom_id: r.result for r in client.messages.batches.results(created.id)}
-            assert all(isinstance(r, MessageBatchSucceededResult) for r in typed.values())
-        sent = httpx.get(str(ended.results_url), headers={"x-api-key": key})
-        answered = {
-            r["custom_id"]: r["result"] for r in map(orjson.loads, sent.content.splitlines())
-        }
-        with openai.OpenAI(base_url=running.server.base_url, api_key=key, max_retries=0) as oai:
-            lines = [line(f"o-{i}", MESSAGES, p) for i, p in enumerate(asked)]
-            batch_id = start_batch(oai, jsonl(lines), endpoint=MESSAGES)
-            done = wait_status(oai, batch_id, "completed", "failed", timeout=600)
-            assert done.status == "completed", done.errors
-            outputs = {o["custom_id"]: o["response"] for o in file_lines(oai, done.output_file_id)}
-        headers = {"authorization": f"Bearer {key}"}
-        for i, p in enumerate(asked):
-            own = httpx.post(
-                f"http://127.0.0.1:{port}/v1/messages", json=p, headers=headers, timeout=300
-            )
-            assert own.status_code == 200, own.text
-            reference = without_id(own.json())
-            result = answered[f"m-{i}"]
-            assert result["type"] == "succeeded"
-            assert without_id(result["message"]) == reference
-            assert outputs[f"o-{i}"]["status_code"] == 200
-            assert without_id(outputs[f"o-{i}"]["body"]) == reference
-            assert reference["content"][0]["text"]  # the model said something
-
-
-def without_id(message: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in message.items() if k != "id"}

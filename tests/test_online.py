@@ -3,7 +3,8 @@
 One SQLite deployment and one SmolLM2 worker with `--online-port` serve every test (the
 engine start is the cost); vLLM's `LLM.chat` answers are computed in a subprocess while it
 starts. The worker runs with a small scheduler (8 sequences, so a window of 16) to make a
-full window cheap. The last test SIGKILLs the worker and finishes its batch on a new one.
+full window cheap. Its online API is vLLM's own `/v1/messages` too, which Anthropic's Message
+Batches answer as. The last test SIGKILLs the worker and finishes its batch on a new one.
 """
 
 import os
@@ -17,11 +18,14 @@ from typing import Any
 
 import httpx
 import openai
+import orjson
 import psutil
 import pytest
+from anthropic.types.messages import MessageBatchSucceededResult
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.db.session import session_scope
+from app.endpoints import MESSAGES
 from app.services import online_usage
 from app.services.auth import create_key
 from tests.engine_fixtures import (
@@ -30,7 +34,9 @@ from tests.engine_fixtures import (
     WorkerProcess,
     chat_line,
     deployment,
+    file_lines,
     jsonl,
+    line,
     persisted,
     results,
     smollm2_args,
@@ -41,6 +47,7 @@ from tests.engine_fixtures import (
 from tests.file_server import Files
 from tests.harness import free_port
 from tests.reference_llm import REFERENCE_CHATS
+from tests.test_message_batches import params, sdk, wait_ended
 from worker.online import USAGE_FLUSH_SECONDS
 
 pytestmark = pytest.mark.engine
@@ -295,6 +302,45 @@ def test_members_reach_inference_routes_only_and_no_private_media(
     assert "/online.png" not in Files.requested
 
 
+def test_message_batch_results_equal_vllms_own_messages(online: Online) -> None:
+    """Anthropic's Message Batches and `/v1/messages` lines of an OpenAI batch answer as the
+    worker's online API, which is vLLM's own `/v1/messages`, answers the same requests."""
+    texts = ["Name three colors.", "What is the capital of France?"]
+    asked: list[Any] = [params(t, max_tokens=24, temperature=0) for t in texts]
+    key = online.keys["default"]
+    server = online.deployment.server
+    with sdk(server, key) as client:
+        created = client.messages.batches.create(
+            requests=[{"custom_id": f"m-{i}", "params": p} for i, p in enumerate(asked)]
+        )
+        ended = wait_ended(client, created.id, timeout=600)
+        assert ended.request_counts.succeeded == 2
+        typed = {r.custom_id: r.result for r in client.messages.batches.results(created.id)}
+        assert all(isinstance(r, MessageBatchSucceededResult) for r in typed.values())
+    sent = httpx.get(str(ended.results_url), headers={"x-api-key": key})
+    answered = {r["custom_id"]: r["result"] for r in map(orjson.loads, sent.content.splitlines())}
+    with online.batches() as oai:
+        lines = [line(f"o-{i}", MESSAGES, p) for i, p in enumerate(asked)]
+        batch_id = start_batch(oai, jsonl(lines), endpoint=MESSAGES)
+        done = wait_status(oai, batch_id, "completed", "failed", timeout=600)
+        assert done.status == "completed", done.errors
+        outputs = {o["custom_id"]: o["response"] for o in file_lines(oai, done.output_file_id)}
+    for i, p in enumerate(asked):
+        own = online.post("/v1/messages", p)
+        assert own.status_code == 200, own.text
+        reference = without_id(own.json())
+        result = answered[f"m-{i}"]
+        assert result["type"] == "succeeded"
+        assert without_id(result["message"]) == reference
+        assert outputs[f"o-{i}"]["status_code"] == 200
+        assert without_id(outputs[f"o-{i}"]["body"]) == reference
+        assert reference["content"][0]["text"]  # the model said something
+
+
+def without_id(message: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in message.items() if k != "id"}
+
+
 def test_sigkill_with_online_and_batch_traffic_loses_nothing(online: Online, smollm2: Path) -> None:
     old = online.worker
     n = 40
@@ -336,5 +382,6 @@ def test_sigkill_with_online_and_batch_traffic_loses_nothing(online: Online, smo
     assert batch.request_counts is not None and batch.request_counts.completed == n
     rerun = set(new.submissions(batch_id)) & set(before)
     assert not rerun, f"lines run again after their results were persisted: {sorted(rerun)}"
+    assert set(old.submissions(batch_id)) | set(new.submissions(batch_id)) >= set(range(1, n + 1))
     for output in before.values():
         assert by_id[output["custom_id"]] == output

@@ -8,8 +8,6 @@ deployment with two workers sharing one batch. Engine starts are the cost here (
 
 import base64
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -21,7 +19,6 @@ import httpx
 import numpy as np
 import openai
 import orjson
-import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import update
@@ -44,7 +41,6 @@ from tests.engine_fixtures import (
     file_lines,
     jsonl,
     line,
-    persisted,
     results,
     smollm2_args,
     start_batch,
@@ -479,35 +475,6 @@ def test_expiry_mid_run(local: Deployment) -> None:
     expired = [v for v in by_id.values() if v["error"] is not None]
     assert expired and {v["error"]["code"] for v in expired} == {"batch_expired"}
     assert "expired, aborted" in local.workers["chat-1"].tail(20000)
-
-
-def test_sigkill_mid_run_resumes_without_rerunning(local: Deployment, smollm2: Path) -> None:
-    old = local.workers["chat-1"]
-    lines = [
-        chat_line(f"k{i}", f"Describe the number {i}.", max_tokens=8 + 2 * i, temperature=0)
-        for i in range(40)
-    ]
-    with local.client() as client:
-        batch_id = start_batch(client, jsonl(lines))
-        wait_completed(client, batch_id, 10)
-        engine_processes = old.descendants()
-        assert engine_processes, "the worker has no engine processes"
-        os.kill(old.process.pid, signal.SIGKILL)
-        old.process.wait(10)
-        _, alive = psutil.wait_procs(engine_processes, timeout=60)
-        assert not alive, f"orphaned engine processes: {[p.pid for p in alive]}"
-        before = persisted(local.settings, batch_id)
-        assert 10 <= len(before) < 40
-        new = local.start_worker("chat-2", smollm2_args(smollm2))
-        batch = wait_status(client, batch_id, "completed", timeout=240)
-        by_id = results(client, batch)
-    assert len(by_id) == 40 and all(v["error"] is None for v in by_id.values())
-    rerun = set(new.submissions(batch_id)) & set(before)
-    assert not rerun, f"lines run again after their results were persisted: {sorted(rerun)}"
-    assert set(old.submissions(batch_id)) | set(new.submissions(batch_id)) >= set(range(1, 41))
-    for output in before.values():
-        assert by_id[output["custom_id"]] == output
-    local.workers["chat-1"] = new
 
 
 def test_two_workers_share_a_batch_on_postgresql(
