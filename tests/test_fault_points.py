@@ -71,8 +71,8 @@ class TakeoverAtLostReply(Injector):
 
 
 def run_with_takeover(deployment: Deployment) -> tuple[str, list[str]]:
-    """A one-shard batch, its first checkpoint's reply lost and its lease taken meanwhile,
-    run to its end."""
+    """A one-shard batch, the reply to the checkpoint that records its first chunk lost and
+    its lease taken meanwhile, run to its end."""
     batch_id, ids = create_batch(deployment, slow_after=LINES // 2)
     with armed(deployment, TakeoverAtLostReply(deployment)) as injector:
         run_raising(deployment, injector, batch_id)
