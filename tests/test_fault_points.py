@@ -61,11 +61,10 @@ class TakeoverAtLostReply(Injector):
         time.sleep(0.05)  # the short lease lapses
         with session_scope(self.settings) as session:
             taken = claim.claim_shard(session, "short-lease-worker", [MODEL], 0.01)
-        self.taken = taken is not None
-        if taken is not None:
-            # The taker hands the shard back at once (as a stopped worker does), so the batch
-            # goes on without waiting for the taker's lease to lapse.
-            with session_scope(self.settings) as session:
+            self.taken = taken is not None
+            if taken is not None:
+                # The taker hands the shard back at once (as a stopped worker does), so the
+                # batch goes on without waiting for the taker's lease to lapse.
                 claim.checkpoint(session, taken, release=True)
         super().fire(moment)
 
