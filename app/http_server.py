@@ -9,7 +9,7 @@ are timed by `BodyTimeoutMiddleware`.
 """
 
 import asyncio
-from typing import Any
+from typing import Any, cast
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -19,8 +19,9 @@ from app.config import Settings
 class HeaderTimeoutProtocol(HttpToolsProtocol):
     header_timeout_seconds = 10.0
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # A stream server's protocol is handed a stream transport, as uvicorn's expects.
+        super().connection_made(cast(asyncio.Transport, transport))
         self._header_timer: asyncio.TimerHandle | None = None
         self._arm_header_timer()
 

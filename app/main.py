@@ -13,7 +13,7 @@ from app.api.body import BodyTimeoutMiddleware
 from app.api.browser_guard import BrowserGuardMiddleware
 from app.api.error_handlers import install_error_handlers
 from app.api.nul_bytes import RejectNulMiddleware
-from app.api.openapi import install_openapi
+from app.api.openapi import OpenAIStyleAPI
 from app.api.routes import (
     admin,
     batches,
@@ -90,7 +90,7 @@ def create_app(settings: Settings | None = None, access: Access | None = None) -
             stop.set()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    app = FastAPI(
+    app = OpenAIStyleAPI(
         title="overnight",
         version=__version__,
         summary="A self-hosted OpenAI Batch API running on an embedded vLLM engine.",
@@ -99,7 +99,6 @@ def create_app(settings: Settings | None = None, access: Access | None = None) -
     app.state.settings = settings
     app.state.principals = PrincipalCache(settings.auth_cache_seconds)
     app.state.stats = StatsReader(settings)
-    install_openapi(app)
     install_error_handlers(app)
     for module in (files, uploads, batches, message_batches, models, admin, webhooks):
         app.include_router(module.router, prefix="/v1")

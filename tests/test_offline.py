@@ -20,7 +20,7 @@ import pytest
 from sqlalchemy import select
 
 from app.cli import main
-from app.config import Settings
+from app.config import ServedModel, Settings
 from app.db.models import ResultChunk
 from app.db.session import session_scope
 from app.offline import progress, runner, state
@@ -323,3 +323,18 @@ def test_output_is_written_into_the_path_itself(
     assert main(["run-batch", "-i", str(source), "-o", str(fifo)]) == 0
     reader.join(30)
     assert len(lines_of(received[0])) == 4
+
+
+def test_a_dotenv_in_the_working_directory_is_not_the_run_s(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The service reads `./.env`; a `run-batch` takes all of its settings from its command."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".env").write_text("OVERNIGHT_LEASE_SECONDS=7\nOVERNIGHT_ADMIN_KEY=sk-admin\n")
+    assert (Settings().lease_seconds, Settings().admin_key) == (7.0, "sk-admin")
+    run = runner.offline_settings(tmp_path / "work", ServedModel(name="m", source="m"))
+    assert (run.lease_seconds, run.admin_key) == (
+        Settings.model_fields["lease_seconds"].default,
+        None,
+    )
+    assert run.models[0].name == "m" and run.database_url is None

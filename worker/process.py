@@ -17,6 +17,7 @@ and `run-batch`. The `overnight` command's own process ends the same way (`end_p
 import atexit
 import contextlib
 import ctypes
+import functools
 import multiprocessing.spawn
 import os
 import signal
@@ -61,6 +62,7 @@ def _ended_as_forked(program: str) -> str:
 
 
 def _patched_command_line(original: Any) -> Any:
+    @functools.wraps(original)
     def get_command_line(**kwds: Any) -> list[str]:
         cmd: list[str] = list(original(**kwds))
         if "-c" in cmd:
@@ -68,7 +70,6 @@ def _patched_command_line(original: Any) -> Any:
             cmd[i] = _child_prefix() + _ended_as_forked(cmd[i])
         return cmd
 
-    get_command_line.__wrapped__ = original  # type: ignore[attr-defined]
     return get_command_line
 
 

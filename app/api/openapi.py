@@ -214,14 +214,14 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
     return doc
 
 
-def install_openapi(app: FastAPI) -> None:
-    """Call before any router is included: operation ids are fixed when routes are added."""
-    app.router.generate_unique_id_function = operation_id
-    cached: dict[str, Any] = {}
+class OpenAIStyleAPI(FastAPI):
+    """The app, its operation ids and its OpenAPI document shaped as OpenAI's; the document is
+    built once, when first asked for (every route is in by then)."""
 
-    def openapi() -> dict[str, Any]:
-        if not cached:
-            cached.update(build_openapi(app))
-        return cached
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(generate_unique_id_function=operation_id, **kwargs)
 
-    app.openapi = openapi  # type: ignore[method-assign]
+    def openapi(self) -> dict[str, Any]:
+        if not self.openapi_schema:
+            self.openapi_schema = build_openapi(self)
+        return self.openapi_schema

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
+from pydantic_settings import SettingsConfigDict
 
 from app.config import ServedModel, Settings, embedded_database_url, get_settings
 from app.core.states import TERMINAL_BATCH_STATUSES, BatchStatus
@@ -86,6 +87,11 @@ def served_model(model: str | None, first: FirstLine, engine_argv: list[str]) ->
     return ServedModel(name=name, endpoints=list(SUPPORTED), source=source_of(loaded))
 
 
+class _PrivateSettings(Settings):
+    # The run's settings are all given here: a `.env` file in the working directory is not its.
+    model_config = SettingsConfigDict(env_file=None)
+
+
 def offline_settings(work_dir: Path, served: ServedModel) -> Settings:
     """A private deployment: no limits a single file could hit, one served model.
 
@@ -93,8 +99,7 @@ def offline_settings(work_dir: Path, served: ServedModel) -> Settings:
     the operator's own (no tenant), run by the operator's command. vLLM's
     `--allowed-media-domains` narrows that, as for vLLM's runner.
     """
-    return Settings(  # type: ignore[call-arg]
-        _env_file=None,
+    return _PrivateSettings(
         data_dir=work_dir,
         database_url=None,
         storage_url=None,  # the work directory, whatever the environment says
