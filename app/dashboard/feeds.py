@@ -51,9 +51,7 @@ async def overview_feed(_login: ApiLogin, uow: UnitOfWorkDep, stats: StatsDep) -
 
 
 @router.get("/batches/{batch_id}")
-async def batch_feed(
-    batch_id: str, _login: ApiLogin, uow: UnitOfWorkDep, settings: SettingsDep
-) -> dict[str, Any]:
+async def batch_feed(batch_id: str, _login: ApiLogin, uow: UnitOfWorkDep) -> dict[str, Any]:
     return await uow.run(content.batch_detail, batch_id)
 
 

@@ -129,7 +129,7 @@ async def overview_page(
 
 @router.get("/batches/{batch_id}", response_class=HTMLResponse)
 async def batch_page(
-    request: Request, batch_id: str, _login: PageLogin, uow: UnitOfWorkDep, settings: SettingsDep
+    request: Request, batch_id: str, _login: PageLogin, uow: UnitOfWorkDep
 ) -> Response:
     batch = await uow.run(content.batch_detail, batch_id)
     return await _page(request, uow, "batch.html", batch=batch)

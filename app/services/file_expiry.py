@@ -24,7 +24,7 @@ def _not_read_by_running_batch() -> ColumnElement[bool]:
     )
 
 
-def _reclaim(session: Session, storage: Storage, rows: Iterable[File]) -> None:
+def _reclaim(storage: Storage, rows: Iterable[File]) -> None:
     """Delete the bytes of files already invisible; an empty key marks them reclaimed."""
     for row in rows:
         storage.delete(row.storage_key)
@@ -48,7 +48,7 @@ def delete_file(session: Session, project_id: str, file_id: str) -> FileDeleted:
 
 def reclaim_deleted(session: Session, storage: Storage, file_id: str) -> None:
     """Remove a deleted File's bytes, unless a running batch still reads them."""
-    _reclaim(session, storage, _unreclaimed(session, [file_id]))
+    _reclaim(storage, _unreclaimed(session, [file_id]))
 
 
 def expire_files(session: Session, storage: Storage, now: int) -> int:
@@ -66,5 +66,5 @@ def expire_files(session: Session, storage: Storage, now: int) -> int:
     for row in expired:
         row.deleted_at = now
     session.flush()
-    _reclaim(session, storage, _unreclaimed(session))
+    _reclaim(storage, _unreclaimed(session))
     return len(expired)

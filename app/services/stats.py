@@ -54,16 +54,7 @@ def stats_object(stats: Stats) -> StatsObject:
         batches=dict(stats.totals.batches_by_status),
         workers=dict(f.workers),
         tokens_per_second=f.tokens_per_second,
-        models=[
-            ModelStats(
-                model=q.model,
-                queued_requests=q.queued_requests,
-                running_batches=q.running_batches,
-                validating_batches=q.validating_batches,
-                workers=dict(q.workers),
-            )
-            for q in f.models
-        ],
+        models=[ModelStats(**vars(q)) for q in f.models],
         tokens_today=[ProjectTokensToday(**vars(p)) for p in f.tokens_today],
     )
 

@@ -6,6 +6,7 @@ commits the whole object at once or nothing.
 
 import hashlib
 import re
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
@@ -102,16 +103,33 @@ class Storage(Protocol):
         ...
 
 
-class HashingCounter:
-    """Size and sha256 of what passes through a writer."""
+class HashingWriter(ABC):
+    """What every backend's writer shares: it counts and hashes what it is given and, once its
+    backend has made the whole object visible, reports what was stored."""
 
-    def __init__(self) -> None:
-        self.sha256 = hashlib.sha256()
-        self.bytes = 0
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.bytes_written = 0
+        self._sha256 = hashlib.sha256()
 
-    def update(self, data: bytes) -> None:
-        self.sha256.update(data)
-        self.bytes += len(data)
+    def write(self, data: bytes) -> None:
+        self._sha256.update(data)
+        self.bytes_written += len(data)
+        self._write(data)
+
+    def commit(self) -> StoredObject:
+        self._persist()
+        return StoredObject(self.key, self.bytes_written, self._sha256.hexdigest())
+
+    @abstractmethod
+    def abort(self) -> None: ...
+
+    @abstractmethod
+    def _write(self, data: bytes) -> None: ...
+
+    @abstractmethod
+    def _persist(self) -> None:
+        """Make the whole object visible at its key, or discard it and raise."""
 
 
 def put(storage: Storage, key: str, chunks: Iterable[bytes]) -> StoredObject:

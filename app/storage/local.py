@@ -10,10 +10,9 @@ from pathlib import Path
 
 from app.storage.base import (
     READ_CHUNK,
-    HashingCounter,
+    HashingWriter,
     ListedObject,
     StorageFull,
-    StoredObject,
     check_key,
 )
 
@@ -24,9 +23,9 @@ def _full(root: Path, exc: OSError) -> StorageFull:
     return StorageFull(f"the file store at {root} is full ({exc.strerror})")
 
 
-class LocalWriter:
+class LocalWriter(HashingWriter):
     def __init__(self, storage: "LocalStorage", key: str) -> None:
-        self.key = key
+        super().__init__(key)
         self._root = storage.root
         self._final = storage.path(key)
         try:
@@ -37,20 +36,14 @@ class LocalWriter:
             raise
         self._tmp = Path(tmp)
         self._file = os.fdopen(fd, "wb")
-        self._counter = HashingCounter()
 
-    @property
-    def bytes_written(self) -> int:
-        return self._counter.bytes
-
-    def write(self, data: bytes) -> None:
-        self._counter.update(data)
+    def _write(self, data: bytes) -> None:
         try:
             self._file.write(data)
         except OSError as exc:
             self._refused(exc)
 
-    def commit(self) -> StoredObject:
+    def _persist(self) -> None:
         try:
             self._file.flush()
             os.fsync(self._file.fileno())
@@ -59,7 +52,6 @@ class LocalWriter:
             os.replace(self._tmp, self._final)
         except OSError as exc:
             self._refused(exc)
-        return StoredObject(self.key, self._counter.bytes, self._counter.sha256.hexdigest())
 
     def abort(self) -> None:
         # A full disk may refuse even the buffered bytes a close flushes: the file goes anyway.

@@ -16,10 +16,9 @@ from botocore.exceptions import BotoCoreError, ClientError
 from app.storage.base import (
     KEY_FOLDERS,
     READ_CHUNK,
-    HashingCounter,
+    HashingWriter,
     ListedObject,
     StorageFull,
-    StoredObject,
     check_key,
     parse_s3_url,
 )
@@ -65,33 +64,26 @@ def _refused_for_space(exc: ClientError) -> bool:
     return _error_code(exc) in _NO_SPACE_CODES or status == 507
 
 
-class S3Writer:
+class S3Writer(HashingWriter):
     def __init__(self, client: "S3Client", bucket: str, name: str, key: str) -> None:
-        self.key = key
+        super().__init__(key)
         self._client, self._bucket, self._name = client, bucket, name
         self._buffer = bytearray()
-        self._counter = HashingCounter()
         self._upload_id: str | None = None
         self._parts: list[CompletedPartTypeDef] = []
 
-    @property
-    def bytes_written(self) -> int:
-        return self._counter.bytes
-
-    def write(self, data: bytes) -> None:
-        self._counter.update(data)
+    def _write(self, data: bytes) -> None:
         self._buffer += data
         while len(self._buffer) >= PART_SIZE:
             self._sending(self._upload_part, bytes(self._buffer[:PART_SIZE]))
             del self._buffer[:PART_SIZE]
 
-    def commit(self) -> StoredObject:
+    def _persist(self) -> None:
         if self._upload_id is None:
             self._sending(self._put, bytes(self._buffer))
         else:
             self._sending(self._complete, self._upload_id)
         self._buffer = bytearray()
-        return StoredObject(self.key, self._counter.bytes, self._counter.sha256.hexdigest())
 
     def abort(self) -> None:
         self._buffer = bytearray()
