@@ -3,9 +3,11 @@
 Each `uow.run` is one committed transaction; bytes move between them, with none open.
 """
 
+from dataclasses import dataclass
 from functools import partial
+from typing import Annotated
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from starlette.concurrency import run_in_threadpool
 
 from app.api.body import json_post, read_json
@@ -15,13 +17,40 @@ from app.api.multipart import (
     multipart_openapi,
     read_multipart,
 )
+from app.api.unit_of_work import UnitOfWork
+from app.config import Settings
 from app.schemas.uploads import UploadComplete, UploadCreate, UploadObject, UploadPartObject
 from app.services import uploads
 from app.services.unrecorded_bytes import delete_unless_file, delete_unless_part
+from app.storage import Storage
 
 router = APIRouter(tags=["uploads"])
 
 _PART_FORM = multipart_openapi({"data": {"type": "string", "format": "binary"}}, ["data"])
+
+
+@dataclass(frozen=True)
+class UploadStep:
+    """What adding a part and completing an upload take: both move bytes and record them."""
+
+    request: Request
+    project_id: str
+    uow: UnitOfWork
+    settings: Settings
+    storage: Storage
+
+
+async def get_upload_step(
+    request: Request,
+    principal: PrincipalDep,
+    uow: UnitOfWorkDep,
+    settings: SettingsDep,
+    storage: StorageDep,
+) -> UploadStep:
+    return UploadStep(request, principal.project_id, uow, settings, storage)
+
+
+UploadStepDep = Annotated[UploadStep, Depends(get_upload_step)]
 
 
 @json_post(router, "/uploads", UploadCreate)
@@ -33,20 +62,14 @@ async def create_upload(
 
 
 @router.post("/uploads/{upload_id}/parts", openapi_extra=_PART_FORM)
-async def add_upload_part(
-    upload_id: str,
-    request: Request,
-    principal: PrincipalDep,
-    uow: UnitOfWorkDep,
-    settings: SettingsDep,
-    storage: StorageDep,
-) -> UploadPartObject:
+async def add_upload_part(upload_id: str, step: UploadStepDep) -> UploadPartObject:
     """Add a part (multipart `data`, a file part or a text field), streamed to storage; a part
     that would take the upload past its declared `bytes` is refused as soon as it does."""
-    intake = await uow.run(uploads.start_part, settings, storage, principal.project_id, upload_id)
+    uow, settings, storage = step.uow, step.settings, step.storage
+    intake = await uow.run(uploads.start_part, settings, storage, step.project_id, upload_id)
     try:
         form = await read_multipart(
-            request,
+            step.request,
             stream_field="data",
             open_sink=lambda _part, _fields: intake.sink,
             limit=settings.size_limit("max_upload_part_bytes"),
@@ -61,23 +84,16 @@ async def add_upload_part(
         partial(delete_unless_part, settings, storage, intake.part_id, stored.key),
         uploads.record_part,
         settings,
-        principal.project_id,
+        step.project_id,
         intake,
         stored,
     )
 
 
 @json_post(router, "/uploads/{upload_id}/complete", UploadComplete)
-async def complete_upload(
-    upload_id: str,
-    request: Request,
-    principal: PrincipalDep,
-    uow: UnitOfWorkDep,
-    settings: SettingsDep,
-    storage: StorageDep,
-) -> UploadObject:
-    body = await read_json(request, UploadComplete)
-    project_id = principal.project_id
+async def complete_upload(upload_id: str, step: UploadStepDep) -> UploadObject:
+    uow, settings, storage, project_id = step.uow, step.settings, step.storage, step.project_id
+    body = await read_json(step.request, UploadComplete)
     keys = await uow.run(uploads.parts_to_join, project_id, upload_id, body)
     joined = await run_in_threadpool(uploads.join_parts, storage, keys, body.md5)
     upload = await uow.run_or_undo(
