@@ -27,6 +27,9 @@ from tests.engine_fixtures import chat_line, jsonl, wait_status
 from tests.fake_engine import MODEL, FakeEngine, ThreadedWorker, fast
 from tests.harness import RunningServer, running_server
 
+# They speak HTTP only: the API answers them on both databases in the API tests.
+pytestmark = pytest.mark.backends("sqlite")
+
 
 @pytest.fixture
 def server(settings: Settings) -> Iterator[RunningServer]:

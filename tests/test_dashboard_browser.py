@@ -25,6 +25,11 @@ from tests.harness import RunningServer, running_server
 from tests.webhook_receiver import running_receiver
 from worker import registry
 
+# The pages' queries and actions run on both databases in test_dashboard.py and
+# test_dashboard_views.py; here is the browser's part, once. The webhooks page has no such
+# test of its own, so it runs on both.
+pytestmark = pytest.mark.backends("sqlite")
+
 CHROMIUM = Path("/usr/bin/chromium")
 FLAGS = [
     "--headless",
@@ -383,8 +388,6 @@ def test_retry_from_the_batch_page(
     assert alerts.alerts == []
 
 
-# The queries behind these pages run on both backends in test_dashboard_views.py.
-@pytest.mark.backends("sqlite")
 def test_overview_search_pages_workers_and_files(
     browser: Browser, server: RunningServer, sdk: openai.OpenAI, backend: str
 ) -> None:
@@ -514,6 +517,7 @@ def assert_polls_leave_rows_in_place(page: Page, feed: str, *lists: str) -> None
     assert page.evaluate("window.rowMoves") == 0
 
 
+@pytest.mark.backends("sqlite", "postgresql")
 def test_webhook_endpoints_page(browser: Browser, settings: Settings, backend: str) -> None:
     """Create, test, edit, disable, rotate and delete an endpoint from the page, with a real
     receiver on loopback: every delivery it gets verifies with the secret the page showed."""
