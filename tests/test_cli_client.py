@@ -29,7 +29,6 @@ ADMIN_KEY = "sk-admin-cli-test"
 # The commands speak HTTP, answered on both databases in the API tests; `keys` on the
 # server machine opens the database itself, so those tests run on both.
 pytestmark = pytest.mark.backends("sqlite")
-ON_BOTH = pytest.mark.backends("sqlite", "postgresql")
 
 
 @pytest.fixture
@@ -181,7 +180,7 @@ def test_keys_over_http(server: RunningServer, capsys: pytest.CaptureFixture[str
     assert "No API keys" in capsys.readouterr().err
 
 
-@ON_BOTH
+@pytest.mark.backends("sqlite", "postgresql")
 def test_keys_on_the_server_machine(settings: Settings, tmp_path: Path) -> None:
     env = {
         "OVERNIGHT_DATABASE_URL": settings.sqlalchemy_url,
@@ -271,7 +270,7 @@ def test_message_batches_are_listed_shown_and_downloaded_beside_openai_ones(
     assert result["response"]["body"]["content"] == [{"type": "text", "text": "olleh"}]
 
 
-@ON_BOTH
+@pytest.mark.backends("sqlite", "postgresql")
 def test_the_first_key_keeps_open_mode_work_in_view(settings: Settings, tmp_path: Path) -> None:
     env = {
         "OVERNIGHT_DATABASE_URL": settings.sqlalchemy_url,
