@@ -1,7 +1,7 @@
 """Throughput of overnight against vLLM's own offline paths, and the worker's memory.
 
     .venv/bin/python bench/bench_worker.py [--requests 512] [--max-tokens 64] [--rounds 3]
-        [--dtype float32|bfloat16|auto] [--runners abcd] [--skip-repetition] [--skip-memory]
+        [--dtype float32|bfloat16|auto] [--runners abcde] [--skip-repetition] [--skip-memory]
 
 Same generated input and model (the bundled SmolLM2, converted once) for every runner:
   (a) raw vLLM `LLM.chat`,
@@ -9,11 +9,14 @@ Same generated input and model (the bundled SmolLM2, converted once) for every r
   (c) overnight tuned: `overnight api` + one `overnight worker` with the same engine flags as (a),
   (d) overnight as shipped: `overnight serve` on a fresh data directory, every default as a
       newcomer gets it (both bundled workers, the worker's default dtype, the default model length),
-      after a 2-request warm-up batch.
-Each round runs (a)-(d) in turn (or those --runners names); best and median rounds are
+      after a 2-request warm-up batch,
+  (e) raw vLLM `LLM.chat` at vLLM's own defaults (a compiled model, the default model length),
+      in (d)'s dtype: what `vllm serve` runs, so what (d) runs.
+Each round runs (a)-(e) in turn (or those --runners names); best and median rounds are
 compared. The dtype and flags of every runner are printed, and every runner's greedy texts
-are compared with (a)'s: the speed ratios only mean something when they ran the same
-numbers and made the same tokens.
+are compared with (a)'s, and (d)'s with (e)'s: the speed ratios only mean something when
+they ran the same numbers and made the same tokens, and a compiled model's low-precision
+sums can pick another greedy token than an eager one's.
 Then a realistic-repetition input (shared system prompt, a quarter exact duplicates) through
 (a) and (c) with and without prefix grouping + dedup, and the worker's RSS on a 50,000-line
 batch with a scripted engine (a real one at ~800 tokens/s would need an hour for it).
@@ -116,11 +119,20 @@ def logged_dtype(log: str) -> str:
 
 
 # -- (a) raw LLM.chat, in a child process so that each runner starts cold --
-def raw_llm_child(model_dir: str, source: str, max_tokens: int, target: str, dtype: str) -> None:
+def raw_engine_args(dtype: str, eager: bool) -> dict[str, Any]:
+    """(a)'s `LLM` arguments, or with `eager` off (e)'s: vLLM's defaults but the dtype."""
+    if eager:
+        return {"dtype": dtype, "enforce_eager": True, "max_model_len": MAX_MODEL_LEN}
+    return {"dtype": dtype}
+
+
+def raw_llm_child(
+    model_dir: str, source: str, max_tokens: int, target: str, dtype: str, eager: bool
+) -> None:
     from vllm import LLM, SamplingParams
 
     started = time.monotonic()
-    llm = LLM(model=model_dir, dtype=dtype, enforce_eager=True, max_model_len=MAX_MODEL_LEN)
+    llm = LLM(model=model_dir, **raw_engine_args(dtype, eager))
     ready = time.monotonic()
     messages = json.loads(Path(source).read_text())
     params = SamplingParams(temperature=0, max_tokens=max_tokens)
@@ -137,17 +149,23 @@ def raw_llm_child(model_dir: str, source: str, max_tokens: int, target: str, dty
 
 
 def run_raw(
-    model_dir: Path, messages: list[Any], max_tokens: int, work: Path, dtype: str
+    model_dir: Path,
+    messages: list[Any],
+    max_tokens: int,
+    work: Path,
+    dtype: str,
+    eager: bool = True,
 ) -> Result:
     source, target = work / "raw.json", work / "raw.result.json"
     source.write_text(json.dumps(messages))
     child = [sys.executable, __file__, "_raw", str(model_dir), str(source), str(max_tokens)]
-    subprocess.run([*child, str(target), dtype], env=ENV, capture_output=True, check=True)
+    child += [str(target), dtype, "eager" if eager else "default"]
+    subprocess.run(child, env=ENV, capture_output=True, check=True)
     got = json.loads(target.read_text())
-    flags = f"LLM(dtype={dtype!r}, enforce_eager=True, max_model_len={MAX_MODEL_LEN}).chat"
+    arguments = ", ".join(f"{k}={v!r}" for k, v in raw_engine_args(dtype, eager).items())
     return Result(
-        "(a) vLLM LLM.chat",
-        flags,
+        "(a) vLLM LLM.chat" if eager else "(e) vLLM LLM.chat, vLLM's defaults",
+        f"LLM({arguments}).chat",
         got["dtype"],
         got["wall"],
         got["phase"],
@@ -471,9 +489,13 @@ HEADER = (
 )
 
 
-def row(result: Result, base: Result) -> str:
+def same_texts(result: Result, base: Result) -> str:
     same = sum(x == y for x, y in zip(result.texts, base.texts, strict=True))
-    texts = f"{same}/{len(base.texts)}" + ("" if same == len(base.texts) else "  (DIFFER)")
+    return f"{same}/{len(base.texts)}" + ("" if same == len(base.texts) else "  (DIFFER)")
+
+
+def row(result: Result, base: Result) -> str:
+    texts = same_texts(result, base)
     return (
         f"{result.runner:<46} {result.dtype:<9} {result.tokens:>7} {result.phase:>8.1f} "
         f"{result.rate:>8.1f} {result.running:>9.1f} {result.wall:>7.1f} "
@@ -491,7 +513,7 @@ def running_of(result: Result) -> float:
 
 
 def report(runs: dict[str, list[Result]]) -> None:
-    keys = [key for key in "abcd" if runs[key]]
+    keys = [key for key in "abcde" if runs[key]]
     base_key = keys[0]  # (a) when it ran
     raw = best(runs[base_key])
     print(HEADER.replace("vs (a)", f"vs ({base_key})"))
@@ -526,6 +548,12 @@ def report(runs: dict[str, list[Result]]) -> None:
                 f"{min(batch_phases) / fastest:.3f} best vs best, "
                 f"{median(batch_phases) / typical:.3f} median vs median"
             )
+    if runs["d"] and runs["e"]:
+        shipped, vllm_default = best(runs["d"]), best(runs["e"])
+        print(
+            f"{shipped.runner} / (e): {shipped.rate / vllm_default.rate:.3f}x the tokens/s, "
+            f"same texts as (e): {same_texts(shipped, vllm_default)}"
+        )
     if any(best(runs[k]).dtype != raw.dtype for k in keys):
         print("NOTE: the runners did not all run in the same dtype: their ratios compare dtypes")
 
@@ -540,22 +568,23 @@ def main() -> None:
     parser.add_argument("--memory-lines", type=int, default=50_000)
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--skip-repetition", action="store_true")
+    shipped_dtype = worker_dtype(None, SMOLLM2_AMX_DTYPE).dtype
     parser.add_argument(
         "--dtype",
-        default=worker_dtype(None, SMOLLM2_AMX_DTYPE).dtype,
-        help="dtype of (a), (b) and (c); (d) is the shipped default whatever this says "
+        default=shipped_dtype,
+        help="dtype of (a), (b) and (c); (d) and (e) run the shipped default whatever this says "
         "(default: the one the shipped worker picks for SmolLM2 here; `auto` is vLLM's)",
     )
     parser.add_argument(
         "--rounds",
         type=int,
         default=3,
-        help="rounds of (a)-(d) in turn; best and median shown (a shared 2-core machine is noisy)",
+        help="rounds of (a)-(e) in turn; best and median shown (a shared 2-core machine is noisy)",
     )
     parser.add_argument(
         "--runners",
-        default="abcd",
-        help="which of (a)-(d) to run, e.g. `bd` for run_batch against the shipped default",
+        default="abcde",
+        help="which of (a)-(e) to run, e.g. `bd` for run_batch against the shipped default",
     )
     args = parser.parse_args()
 
@@ -566,12 +595,13 @@ def main() -> None:
     n = args.requests
     plain = chats(n, repetitive=False)
     source = input_file(plain, args.max_tokens, work / "plain.jsonl")
-    runs: dict[str, list[Result]] = {key: [] for key in "abcd"}
+    runs: dict[str, list[Result]] = {key: [] for key in "abcde"}
     runners = {
         "a": lambda: run_raw(model_dir, plain, args.max_tokens, work, args.dtype),
         "b": lambda: run_vllm_batch(model_dir, source, work, args.dtype, n),
         "c": lambda: run_tuned(model_dir, source, work, args.dtype, n),
         "d": lambda: run_shipped(model_dir, source, work, n),
+        "e": lambda: run_raw(model_dir, plain, args.max_tokens, work, shipped_dtype, eager=False),
     }
     for _ in range(args.rounds):
         for key in args.runners:
@@ -606,7 +636,8 @@ def main() -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "_raw":
-        raw_llm_child(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], sys.argv[6])
+        source, tokens, target, dtype, mode = sys.argv[3], int(sys.argv[4]), *sys.argv[5:8]
+        raw_llm_child(sys.argv[2], source, tokens, target, dtype, mode == "eager")
     elif len(sys.argv) > 1 and sys.argv[1] == "_memory":
         memory_child(int(sys.argv[2]), sys.argv[3])
     else:
