@@ -495,11 +495,10 @@ def same_texts(result: Result, base: Result) -> str:
 
 
 def row(result: Result, base: Result) -> str:
-    texts = same_texts(result, base)
     return (
         f"{result.runner:<46} {result.dtype:<9} {result.tokens:>7} {result.phase:>8.1f} "
         f"{result.rate:>8.1f} {result.running:>9.1f} {result.wall:>7.1f} "
-        f"{result.rate / base.rate:>6.3f}x  {texts}"
+        f"{result.rate / base.rate:>6.3f}x  {same_texts(result, base)}"
     )
 
 
