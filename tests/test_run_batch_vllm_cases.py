@@ -4,7 +4,9 @@ The cases of vLLM's `tests/entrypoints/launchers/test_run_batch.py`: the same JS
 flags and assertions (every output line validated by vLLM's own `BatchRequestOutput`), with
 the bundled models in place of vLLM's hub models, and greedy chat cases (`GREEDY`: a sampled
 answer's length is chance). The output file is opened before the run,
-as vLLM's tests do, and read through that handle.
+as vLLM's tests do, and read through that handle. Cases on the same model with the same flags
+run as one input file, each test reading its own lines of the output (both runners keep the
+input's order).
 
 `OVERNIGHT_VLLM_CASES_RUNNER=vllm` runs the same cases against vLLM's own runner
 (`python -m vllm.entrypoints.openai.run_batch`) on this machine, for comparison; checks that
@@ -235,9 +237,6 @@ class Run:
         return iter(self.contents.strip().split("\n"))
 
 
-Runs = dict[str, Future[Run]]
-
-
 @dataclass(frozen=True)
 class Case:
     """One of vLLM's cases: its input, the model it names and the runner's extra flags."""
@@ -246,6 +245,8 @@ class Case:
     model: str
     flags: tuple[str, ...] = ()
     max_model_len: int = CHAT_MAX_MODEL_LEN  # the chat model's
+    # A case about the whole file (an empty one, one that fails the run) runs by itself.
+    alone: bool = False
 
 
 # The chat cases set no temperature. Sampled, an answer's length turns on which requests the
@@ -261,9 +262,9 @@ def cases(file_server: str) -> dict[str, Case]:
     audio = f"{file_server}/mary_had_lamb.wav"
     tools = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes", *GREEDY)
     return {
-        "empty": Case("", EMBEDDING_MODEL_NAME),
+        "empty": Case("", EMBEDDING_MODEL_NAME, alone=True),
         "completions": Case(INPUT_BATCH, CHAT_MODEL_NAME, GREEDY),
-        "invalid": Case(INVALID_INPUT_BATCH, CHAT_MODEL_NAME),
+        "invalid": Case(INVALID_INPUT_BATCH, CHAT_MODEL_NAME, alone=True),
         "embeddings": Case(INPUT_EMBEDDING_BATCH, EMBEDDING_MODEL_NAME),
         "score": Case(INPUT_SCORE_BATCH, RERANKER_MODEL_NAME),
         "rerank": Case(INPUT_RERANK_BATCH, RERANKER_MODEL_NAME),
@@ -282,6 +283,43 @@ def cases(file_server: str) -> dict[str, Case]:
     }
 
 
+def by_engine(named: dict[str, Case]) -> list[list[str]]:
+    """The cases by the run they share: one run for each model and flags, whole-file cases
+    alone. Most of a run's cost is its engine's start: the MiniLM and Whisper cases made six
+    starts, and make two."""
+    groups: dict[object, list[str]] = {}
+    for name, case in named.items():
+        key = name if case.alone else (case.model, case.flags, case.max_model_len)
+        groups.setdefault(key, []).append(name)
+    return list(groups.values())
+
+
+def joined(group: list[Case]) -> Case:
+    """One case of the group's inputs, one after the other."""
+    if len(group) == 1:
+        return group[0]
+    data = "".join(case.data.rstrip("\n") + "\n" for case in group)
+    return Case(data, group[0].model, group[0].flags, group[0].max_model_len)
+
+
+@dataclass(frozen=True)
+class CaseRun:
+    """A case's own lines of the run it shares (the output keeps the input's order)."""
+
+    shared: Future[Run]
+    first: int
+    count: int | None  # None: the whole run is the case's
+
+    def result(self) -> Run:
+        run = self.shared.result()
+        if self.count is None:
+            return run
+        lines = run.contents.splitlines()[self.first : self.first + self.count]
+        return Run(run.returncode, "\n".join(lines), run.stderr)
+
+
+Runs = dict[str, CaseRun]
+
 # Runners started ahead, two at a time: most of a runner's life is its engine's start, mostly
 # one process importing at a time, so two overlap well on two cores.
 RUNS_AT_ONCE = 2
@@ -292,13 +330,19 @@ def runs(models: Models, tmp_path_factory: pytest.TempPathFactory) -> Iterator[R
     """Every case's run, started ahead in the tests' order; each test waits for its own."""
     Files.served["/mary_had_lamb.wav"] = tone_wav()
     with serving_files() as url, ThreadPoolExecutor(RUNS_AT_ONCE) as pool:
-        started = {
-            name: pool.submit(run_batch, models, tmp_path_factory.mktemp(name), case)
-            for name, case in cases(url).items()
-        }
+        named = cases(url)
+        started: Runs = {}
+        for names in by_engine(named):
+            case = joined([named[name] for name in names])
+            shared = pool.submit(run_batch, models, tmp_path_factory.mktemp(names[0]), case)
+            first = 0
+            for name in names:
+                count = len(named[name].data.splitlines()) if len(names) > 1 else None
+                started[name] = CaseRun(shared, first, count)
+                first += count or 0
         yield started
         for run in started.values():
-            run.cancel()
+            run.shared.cancel()
 
 
 def run_batch(models: Models, tmp_path: Path, case: Case) -> Run:
