@@ -14,10 +14,10 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import instructor.batch
-import litellm
 import openai
 import pytest
 from pydantic import BaseModel
@@ -29,6 +29,15 @@ from tests.harness import RunningServer, running_server
 
 # They speak HTTP only: the API answers them on both databases in the API tests.
 pytestmark = pytest.mark.backends("sqlite")
+
+
+@pytest.fixture(scope="module")
+def litellm() -> ModuleType:
+    """Imported where a test uses it, not at collection, which every xdist worker runs: the
+    import takes seconds of CPU."""
+    import litellm
+
+    return litellm
 
 
 @pytest.fixture
@@ -52,7 +61,12 @@ def requests_file(tmp_path: Path, count: int = 3) -> Path:
 
 @pytest.mark.parametrize("provider", ["openai", "hosted_vllm"])
 def test_litellm_batch_calls(
-    provider: str, server: RunningServer, worker: FakeEngine, tmp_path: Path, client: openai.OpenAI
+    provider: str,
+    litellm: ModuleType,
+    server: RunningServer,
+    worker: FakeEngine,
+    tmp_path: Path,
+    client: openai.OpenAI,
 ) -> None:
     where: dict[str, Any] = {
         "custom_llm_provider": provider,
@@ -95,7 +109,11 @@ def test_litellm_batch_calls(
 
 
 def test_litellm_async_batch_calls(
-    server: RunningServer, worker: FakeEngine, tmp_path: Path, client: openai.OpenAI
+    litellm: ModuleType,
+    server: RunningServer,
+    worker: FakeEngine,
+    tmp_path: Path,
+    client: openai.OpenAI,
 ) -> None:
     where: dict[str, Any] = {
         "custom_llm_provider": "openai",

@@ -1,5 +1,6 @@
 """A full store: uploads get OpenAI's error (507 storage_full) and leave nothing; a running
-batch waits for space with its lease kept, then finishes with nothing lost or run twice.
+batch waits for space with its lease kept and renewed, then finishes with nothing lost or run
+twice.
 
 The local store is a real 1 MiB tmpfs (mounted by the test, so it needs root, as CI has);
 an S3 store refusing writes answers as MinIO does when its drives are full.
@@ -21,7 +22,14 @@ from botocore.awsrequest import AWSResponse
 from app.config import Settings
 from app.storage import storage_of
 from app.storage.s3 import S3Storage
-from tests.engine_fixtures import chat_line, jsonl, results, start_batch, wait_status
+from tests.engine_fixtures import (
+    chat_line,
+    jsonl,
+    results,
+    shards_of,
+    start_batch,
+    wait_status,
+)
 from tests.fake_engine import FakeEngine, ThreadedWorker, fast
 from tests.harness import RunningServer, running_server
 from tests.spec import assert_error
@@ -56,7 +64,8 @@ def fill(path: Path) -> Path:
 def full_store(settings: Settings) -> Iterator[tuple[RunningServer, Path]]:
     with (
         small_filesystem(settings.storage_dir) as store,
-        running_server(fast(settings, shard_lines=5)) as server,
+        # A lease no stall of a busy test machine outlasts: this test counts every engine call.
+        running_server(fast(settings, shard_lines=5, lease_seconds=30.0)) as server,
     ):
         yield server, store
 
@@ -71,6 +80,19 @@ def wait_for(condition: Any, timeout: float = 30) -> None:
 def sdk(server: RunningServer) -> openai.OpenAI:
     return openai.OpenAI(
         base_url=server.base_url, api_key="k", max_retries=0, _strict_response_validation=True
+    )
+
+
+def renewed_since(
+    server: RunningServer, batch_id: str, held: dict[int, tuple[int, float]], seconds: float
+) -> bool:
+    """Every shard is still running under the lease `held` names, renewed `seconds` later."""
+    shards = shards_of(server.settings, batch_id)
+    return all(
+        s.status == "running"
+        and s.lease_epoch == held[s.id][0]
+        and (s.heartbeat_at or 0.0) >= held[s.id][1] + seconds
+        for s in shards
     )
 
 
@@ -116,8 +138,14 @@ def test_a_batch_waits_for_space_and_loses_nothing(
     filler = fill(store)
     with ThreadedWorker(server.settings, engine) as worker:
         wait_for(lambda: len(engine.calls) == 12)
-        # Twice the lease: a worker that gave up its lease would have exited by now.
-        time.sleep(2 * server.settings.lease_seconds)
+        held = {
+            s.id: (s.lease_epoch, s.heartbeat_at or 0.0)
+            for s in shards_of(server.settings, batch_id)
+        }
+        assert len(held) == 3
+        # The worker goes on renewing each shard's lease (the database's clock) while its
+        # results wait: a second of renewals past the last call, every lease its first.
+        wait_for(lambda: renewed_since(server, batch_id, held, seconds=1.0))
         assert worker.exit_code is None
         waiting = client.batches.retrieve(batch_id)
         assert waiting.status == "in_progress"

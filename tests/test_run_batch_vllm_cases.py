@@ -21,6 +21,7 @@ import tempfile
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,14 @@ from worker.dtype import worker_dtype
 from worker.models import SMOLLM2_AMX_DTYPE, minilm_dir
 
 pytestmark = pytest.mark.engine
-SMOLLM2_DTYPE = worker_dtype(None, SMOLLM2_AMX_DTYPE).dtype
+
+
+@cache
+def smollm2_dtype() -> str:
+    """The worker's dtype for SmolLM2 here; asked of vLLM's platform (seconds of CPU to
+    import) when a case runs, not at collection, which every xdist worker runs."""
+    return worker_dtype(None, SMOLLM2_AMX_DTYPE).dtype
+
 
 RUNNER = os.environ.get("OVERNIGHT_VLLM_CASES_RUNNER", "overnight")
 OURS = RUNNER == "overnight"
@@ -213,7 +221,7 @@ class Models:
             return ["--model", name, *flags]
         if name == CHAT_MODEL_NAME:
             # The dtype ours picks for the bundled SmolLM2 on this machine.
-            loaded = ["--model", str(self.chat_dir), "--dtype", SMOLLM2_DTYPE]
+            loaded = ["--model", str(self.chat_dir), "--dtype", smollm2_dtype()]
         else:
             loaded = ["--model", str(minilm_dir())]
         return [*loaded, "--served-model-name", name, *flags]
