@@ -480,7 +480,10 @@ def test_expiry_mid_run(local: Deployment) -> None:
 def test_two_workers_share_a_batch_on_postgresql(
     smollm2: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    with deployment("postgresql", tmp_path_factory.mktemp("postgresql")) as shared:
+    # The product's lease (30 s), not the engine tests' 6 s: a lease lapsed by a loaded
+    # machine would hand a shard's unrecorded lines to the other worker, sent by both.
+    postgresql = tmp_path_factory.mktemp("postgresql")
+    with deployment("postgresql", postgresql, lease_seconds=30.0) as shared:
         workers = [shared.start_worker(f"pg-{i}", smollm2_args(smollm2)) for i in range(2)]
         for worker in workers:
             worker.wait_ready()
