@@ -31,6 +31,10 @@ POSTGRES_ADMIN_URL = os.environ.get(
     "OVERNIGHT_TEST_POSTGRES_URL", "postgresql://root@127.0.0.1:5432/test"
 )
 BACKENDS = ["sqlite", "postgresql"]
+# The product's default lease. Tests whose assertions a lapse they did not cause would change
+# (who holds a shard, what ran and how often) use it in place of their short test leases: a
+# test process can stall for seconds on a loaded machine, and a 3 s or 6 s lease lapsed then.
+PRODUCT_LEASE_SECONDS: float = Settings.model_fields["lease_seconds"].default
 
 
 def chosen_backends(config: pytest.Config) -> list[str]:

@@ -31,7 +31,7 @@ from tests.engine_fixtures import (
     wait_status,
 )
 from tests.fake_engine import FakeEngine, ThreadedWorker, fast
-from tests.harness import RunningServer, running_server
+from tests.harness import PRODUCT_LEASE_SECONDS, RunningServer, running_server
 from tests.spec import assert_error
 
 pytestmark = [
@@ -64,8 +64,9 @@ def fill(path: Path) -> Path:
 def full_store(settings: Settings) -> Iterator[tuple[RunningServer, Path]]:
     with (
         small_filesystem(settings.storage_dir) as store,
-        # A lease no stall of a busy test machine outlasts: this test counts every engine call.
-        running_server(fast(settings, shard_lines=5, lease_seconds=30.0)) as server,
+        running_server(
+            fast(settings, shard_lines=5, lease_seconds=PRODUCT_LEASE_SECONDS)
+        ) as server,
     ):
         yield server, store
 

@@ -38,6 +38,7 @@ from tests.engine_fixtures import (
     start_batch,
     wait_status,
 )
+from tests.harness import PRODUCT_LEASE_SECONDS
 from tests.reference_llm import REFERENCE_CHATS
 from worker import registry
 from worker.claim import models_with_work
@@ -213,10 +214,11 @@ def test_one_worker_serves_several_models_switching_between_shards(
         ServedModel(name=MODEL, endpoints=list(GENERATIVE), source=str(smollm2)),
         ServedModel(name=BROKEN, endpoints=list(POOLING), source=str(broken)),
     ]
-    # The product's lease (30 s), not the engine tests' 6 s: on a loaded machine the first
-    # requests to a fresh engine have starved a 6 s lease, and a shard run twice for that
-    # would read as a switch in the middle of a shard.
-    with deployment(backend, tmp_path / "deployment", models=listed, lease_seconds=30) as running:
+    # A shard run twice after a lapse would read as a switch in the middle of a shard.
+    data_dir = tmp_path / "deployment"
+    with deployment(
+        backend, data_dir, models=listed, lease_seconds=PRODUCT_LEASE_SECONDS
+    ) as running:
         env: dict[str, str | None] = {
             "OVERNIGHT_MODELS": json.dumps([m.model_dump() for m in listed])
         }

@@ -47,7 +47,7 @@ from tests.engine_fixtures import (
     wait_completed,
     wait_status,
 )
-from tests.harness import free_port
+from tests.harness import PRODUCT_LEASE_SECONDS, free_port
 from tests.reference_embeddings import SENTENCES
 from tests.reference_llm import REFERENCE_CHATS
 from worker.dtype import FLOAT32, worker_dtype
@@ -480,10 +480,9 @@ def test_expiry_mid_run(local: Deployment) -> None:
 def test_two_workers_share_a_batch_on_postgresql(
     smollm2: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    # The product's lease (30 s), not the engine tests' 6 s: a lease lapsed by a loaded
-    # machine would hand a shard's unrecorded lines to the other worker, sent by both.
+    # A lapsed lease would hand a shard's unrecorded lines to the other worker, sent by both.
     postgresql = tmp_path_factory.mktemp("postgresql")
-    with deployment("postgresql", postgresql, lease_seconds=30.0) as shared:
+    with deployment("postgresql", postgresql, lease_seconds=PRODUCT_LEASE_SECONDS) as shared:
         workers = [shared.start_worker(f"pg-{i}", smollm2_args(smollm2)) for i in range(2)]
         for worker in workers:
             worker.wait_ready()

@@ -29,7 +29,7 @@ from tests.engine_fixtures import (
     wait_until,
 )
 from tests.fake_engine import MODEL, FakeEngine, ThreadedWorker, fast
-from tests.harness import RunningServer, running_server
+from tests.harness import PRODUCT_LEASE_SECONDS, RunningServer, running_server
 from worker import claim
 from worker.engine import EngineDeadError
 from worker.engine_results import EngineResult
@@ -37,9 +37,8 @@ from worker.engine_results import EngineResult
 
 @pytest.fixture
 def server(settings: Settings) -> Iterator[RunningServer]:
-    # A lease no stall of a busy test machine outlasts: these tests check who holds each shard
-    # and what ran, and a lapse they do not cause would change both.
-    with running_server(fast(settings, shard_lines=5, lease_seconds=30.0)) as running:
+    tuned = fast(settings, shard_lines=5, lease_seconds=PRODUCT_LEASE_SECONDS)
+    with running_server(tuned) as running:
         yield running
 
 
