@@ -19,7 +19,8 @@ DOCS = REPO / "docs"
 SKIP_MARK = re.compile(r"^<!-- docs-test: skip \((?P<why>[^)]+)\) -->$")
 FENCE = re.compile(r"^```(?P<kind>[\w-]*)\s*$")
 RUNNABLE = {"bash", "python", "javascript"}
-BLOCK_TIMEOUT = 900
+# Below pytest's own timeout (900 s), so that a block that never ends fails with its output.
+BLOCK_TIMEOUT = 600
 
 
 @dataclass(frozen=True)
@@ -82,11 +83,23 @@ def run(block: Block, workdir: Path, env: dict[str, str], ports: dict[str, str])
     command = [sys.executable, "-c", code]
     if block.kind == "bash":
         command = ["bash", "-euo", "pipefail", "-c", code]
-    result = subprocess.run(
-        command, cwd=workdir, env=env, capture_output=True, text=True, timeout=BLOCK_TIMEOUT
-    )
-    assert result.returncode == 0, (
-        f"{block.page}: {block.kind} block failed ({result.returncode}):\n{block.code}\n"
-        f"stdout:\n{result.stdout[-3000:]}\nstderr:\n{result.stderr[-3000:]}"
-    )
+    try:
+        result = subprocess.run(
+            command, cwd=workdir, env=env, capture_output=True, text=True, timeout=BLOCK_TIMEOUT
+        )
+    except subprocess.TimeoutExpired as late:
+        what = f"still running after {BLOCK_TIMEOUT} s"
+        raise AssertionError(_report(block, what, late.stdout, late.stderr)) from None
+    what = f"failed ({result.returncode})"
+    assert result.returncode == 0, _report(block, what, result.stdout, result.stderr)
     return Ran(block, result.stdout)
+
+
+def _report(block: Block, what: str, stdout: str | bytes | None, stderr: str | bytes | None) -> str:
+    def tail(output: str | bytes | None) -> str:
+        text = output.decode(errors="replace") if isinstance(output, bytes) else output or ""
+        return text[-3000:]
+
+    return f"{block.page}: {block.kind} block {what}:\n{block.code}\n" + (
+        f"stdout:\n{tail(stdout)}\nstderr:\n{tail(stderr)}"
+    )

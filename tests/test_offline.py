@@ -4,6 +4,7 @@ One run uses the real vLLM engine (input GET from a URL, output PUT to one); the
 after a crash runs the real worker loop with the scripted engine, in process.
 """
 
+import argparse
 import asyncio
 import os
 import re
@@ -11,11 +12,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import orjson
+import psutil
 import pytest
 from sqlalchemy import select
 
@@ -23,13 +26,15 @@ from app.cli import main
 from app.config import ServedModel, Settings
 from app.db.models import ResultChunk
 from app.db.session import session_scope
-from app.offline import progress, runner, state
+from app.offline import runner, state
 from app.services.jsonl import iter_lines
 from app.storage import storage_for
 from tests.engine_fixtures import ENGINE_ARGS, ENGINE_ENV, MODEL, chat_line, jsonl
 from tests.fake_engine import FakeEngine
 from tests.file_server import Files
-from worker.loop import Worker, WorkerOptions
+from worker import engine as worker_engine
+from worker.engine import EngineDeadError
+from worker.engine_results import EngineResult
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -76,19 +81,75 @@ def test_real_engine_from_url_to_url(file_server: str, tmp_path: Path, smollm2: 
     assert error["response"]["body"]["error"]["message"]
 
 
-def fake_worker(engine: FakeEngine) -> Callable[[Any, str, list[str]], None]:
-    """Stands in for `runner.run_engine`: the real worker loop, a scripted engine."""
+@pytest.mark.engine
+def test_a_killed_engine_process_ends_the_run(tmp_path: Path, smollm2: Path) -> None:
+    """As the kernel's out-of-memory killer does: vLLM's engine process dies mid-run."""
+    source = tmp_path / "in.jsonl"
+    story = "Tell a long story about the night shift, number {}."
+    source.write_bytes(
+        jsonl([chat_line(f"k-{i}", story.format(i), max_tokens=400) for i in range(8)])
+    )
+    work = tmp_path / "work"
+    run = subprocess.Popen(
+        [
+            sys.executable, "-m", "app.cli", "run-batch",
+            "-i", str(source), "-o", str(tmp_path / "out.jsonl"), "--work-dir", str(work),
+            "--model", str(smollm2), "--served-model-name", MODEL, *ENGINE_ARGS,
+        ],
+        env={**os.environ, **ENGINE_ENV},
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 600
+        while not (done := persisted(work)) or len(done) == 8:
+            assert run.poll() is None, run.communicate()[1][-4000:]
+            assert time.monotonic() < deadline, "no result was recorded"
+            time.sleep(0.1)
+        [engine] = [p for p in psutil.Process(run.pid).children() if "EngineCore" in p.name()]
+        engine.kill()
+        _out, err = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 1, err[-4000:]
+    [said] = [line for line in err.splitlines() if line.startswith("overnight: ")]
+    assert said.startswith("overnight: error: the engine stopped (EngineCore"), said
+    assert said.endswith(f"run the same command again to resume from {work}"), said
+    assert len(persisted(work)) >= len(done)
 
-    async def run_worker(settings: Any, batch_id: str) -> None:
-        stop = asyncio.Event()
-        follow = asyncio.create_task(progress.follow(settings, batch_id, stop))
-        await Worker(settings, engine, WorkerOptions(worker_id="offline-test")).run(stop)
-        await follow
 
-    def run_engine(settings: Any, batch_id: str, engine_argv: list[str]) -> None:
-        asyncio.run(run_worker(settings, batch_id))
+def fake_worker(engine: FakeEngine) -> Callable[[Any, str, list[str]], BaseException | None]:
+    """Stands in for `runner.run_engine`: run-batch's own worker loop, on a scripted engine
+    in place of vLLM's."""
+
+    @asynccontextmanager
+    async def scripted(_args: object) -> AsyncIterator[FakeEngine]:
+        yield engine
+
+    def run_engine(settings: Any, batch_id: str, engine_argv: list[str]) -> BaseException | None:
+        real = worker_engine.start_engine
+        worker_engine.start_engine = scripted  # type: ignore[assignment]
+        try:
+            return asyncio.run(runner._run_worker(settings, batch_id, argparse.Namespace()))
+        finally:
+            worker_engine.start_engine = real
 
     return run_engine
+
+
+class DyingEngine(FakeEngine):
+    """Dies, as vLLM's engine does when its process is killed, after answering `lives`."""
+
+    def __init__(self, lives: int) -> None:
+        super().__init__(delay=0.05, max_num_seqs=1)
+        self.lives = lives
+
+    async def run(self, endpoint: str, body: dict[str, Any], request_id: str) -> EngineResult:
+        if len(self.calls) >= self.lives:
+            raise EngineDeadError("EngineCore encountered an issue")
+        return await super().run(endpoint, body, request_id)
 
 
 # The first run, killed midway: the real worker loop with a slow scripted engine.
@@ -154,6 +215,35 @@ def test_rerun_after_a_crash_resumes(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert main(args) == 0
     assert again.read_bytes() == out.read_bytes()
     assert not work.exists()
+
+
+def test_a_dead_engine_ends_the_run_and_the_rerun_resumes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A killed engine (the out-of-memory killer, a crash) ends the run at once with what it
+    means, keeping what was done; it once left run-batch waiting forever."""
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(jsonl([chat_line(f"d-{i}") for i in range(20)]))
+    work, out = tmp_path / "work", tmp_path / "out.jsonl"
+    args = ["run-batch", "-i", str(source), "-o", str(out), "--work-dir", str(work)]
+    monkeypatch.setattr(runner, "run_engine", fake_worker(DyingEngine(lives=5)))
+    started = time.monotonic()
+    assert main(args) == 1
+    assert time.monotonic() - started < 30
+    said = capsys.readouterr().err.splitlines()[-1]
+    assert said.startswith("overnight: error: the engine stopped (EngineCore encountered")
+    assert said.endswith(f"run the same command again to resume from {work}")
+    before = persisted(work)
+    assert 1 <= len(before) <= 5 and not out.exists()
+    assert re.search(rf"with {len(before)} of 20 requests done, which are kept", said)
+
+    engine = FakeEngine()
+    monkeypatch.setattr(runner, "run_engine", fake_worker(engine))
+    assert main(args) == 0
+    everything = lines_of(out.read_bytes())
+    assert sorted(o["custom_id"] for o in everything) == sorted(f"d-{i}" for i in range(20))
+    assert {o["custom_id"]: o["id"] for o in everything if o["custom_id"] in before} == before
+    assert len(engine.bodies()) == 20 - len(before)
 
 
 def test_overnight_log_level_shows_the_worker_s_lines(tmp_path: Path) -> None:

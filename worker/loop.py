@@ -166,6 +166,11 @@ class Worker:
             return 1
         return 0
 
+    @property
+    def failure(self) -> BaseException | None:
+        """What stopped the worker, when `run` returned 1 (a dead engine, a bug)."""
+        return self._fatal
+
     def _leaving(self) -> bool:
         return self._leave is not None and self._leave.is_set()
 

@@ -196,7 +196,11 @@ def start(
     return settings, state
 
 
-async def _run_worker(settings: Settings, batch_id: str, args: argparse.Namespace) -> None:
+async def _run_worker(
+    settings: Settings, batch_id: str, args: argparse.Namespace
+) -> BaseException | None:
+    """The worker loop on the engine until the batch ends or a signal; what stopped the worker
+    otherwise (its engine died)."""
     from worker.engine import start_engine
     from worker.loop import Worker, WorkerOptions, install_signal_handlers
 
@@ -204,12 +208,16 @@ async def _run_worker(settings: Settings, batch_id: str, args: argparse.Namespac
     install_signal_handlers(stop)
     async with start_engine(args) as engine:
         progress = asyncio.create_task(follow(settings, batch_id, stop))
-        await Worker(settings, engine, WorkerOptions(worker_id=OWNER)).run(stop)
+        worker = Worker(settings, engine, WorkerOptions(worker_id=OWNER))
+        await worker.run(stop)
+        stop.set()  # the progress bar ends with the worker, whatever ended it
         await progress
+    return worker.failure
 
 
-def run_engine(settings: Settings, batch_id: str, engine_argv: list[str]) -> None:
-    """Starts vLLM and the worker loop until the batch has ended, then stops vLLM."""
+def run_engine(settings: Settings, batch_id: str, engine_argv: list[str]) -> BaseException | None:
+    """Starts vLLM and the worker loop until the batch has ended, then stops vLLM; returns
+    what stopped the worker before, if anything did."""
     from worker import process
     from worker.cli import parse
 
@@ -218,24 +226,45 @@ def run_engine(settings: Settings, batch_id: str, engine_argv: list[str]) -> Non
     # and with it its caller's frame; were that the coroutine holding the engine, vLLM's
     # AsyncLLM would live until interpreter exit, where its __del__ raises a TypeError.
     args, settings = parse(engine_argv, settings)
-    asyncio.run(_run_worker(settings, batch_id, args))
+    failure = asyncio.run(_run_worker(settings, batch_id, args))
     gc.collect()
+    return failure
+
+
+class Interrupted(Exception):
+    """The run stopped before the batch ended (a signal): rerun to resume."""
+
+    exit_code = 130
+
+
+class EngineStopped(Interrupted):
+    """The engine died under the run (a crash, the kernel's out-of-memory killer)."""
+
+    exit_code = 1
 
 
 def run(settings: Settings, state: State, engine_argv: list[str]) -> BatchObject:
     """Validates, runs and finalizes the batch (whatever of it is left)."""
     take_over(settings, state.batch_id)
     validate_pending(settings, OWNER, per_line=True)
+    failure = None
     if batch_row(settings, state.batch_id).status == BatchStatus.IN_PROGRESS:
         try:
-            run_engine(settings, state.batch_id, engine_argv)
+            failure = run_engine(settings, state.batch_id, engine_argv)
         except Exception as exc:
             if (reason := unavailable(exc, settings.models[0].source)) is None:
                 raise
             raise OfflineError(str(reason)) from None
     # The worker finalizes when it finishes a shard; this covers a batch already done.
     finalize_ready_batches(settings, OWNER)
-    return batch_row(settings, state.batch_id)
+    batch = batch_row(settings, state.batch_id)
+    if failure is not None and batch.status not in TERMINAL_BATCH_STATUSES:
+        counts = batch.request_counts
+        raise EngineStopped(
+            f"error: the engine stopped ({failure}) with {counts.completed + counts.failed} "
+            f"of {counts.total} requests done, which are kept"
+        )
+    return batch
 
 
 def _report_failure(batch: BatchObject) -> str:
@@ -293,10 +322,6 @@ def _release(work_dir: Path) -> None:
     storage_for.cache_clear()
 
 
-class Interrupted(Exception):
-    """The run stopped before the batch ended (a signal): rerun to resume."""
-
-
 def _configure_logging() -> None:
     """overnight's own log lines only when OVERNIGHT_LOG_LEVEL asks for them: by default the
     progress bar is the report, beside vLLM's lines, as with vLLM's runner."""
@@ -326,7 +351,7 @@ def main(args: argparse.Namespace, engine_argv: list[str]) -> int:
             f"overnight: {stopped}; run the same command again to resume from {work_dir}",
             file=sys.stderr,
         )
-        return 130
+        return stopped.exit_code
     except (OfflineError, OSError) as exc:
         print(f"overnight: error: {exc}", file=sys.stderr)
         return 1
