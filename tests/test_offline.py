@@ -1,7 +1,8 @@
 """`overnight run-batch`: one file, no server, the service's pipeline and output lines.
 
-One run uses the real vLLM engine (input GET from a URL, output PUT to one); the resume
-after a crash runs the real worker loop with the scripted engine, in process.
+Two runs use the real vLLM engine (input GET from a URL, output PUT to one; an engine
+process killed mid-run); the resumes after a crash and after a dead engine run run-batch's
+own worker loop with the scripted engine, in process.
 """
 
 import argparse
@@ -131,12 +132,9 @@ def fake_worker(engine: FakeEngine) -> Callable[[Any, str, list[str]], BaseExcep
         yield engine
 
     def run_engine(settings: Any, batch_id: str, engine_argv: list[str]) -> BaseException | None:
-        real = worker_engine.start_engine
-        worker_engine.start_engine = scripted  # type: ignore[assignment]
-        try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(worker_engine, "start_engine", scripted)
             return asyncio.run(runner._run_worker(settings, batch_id, argparse.Namespace()))
-        finally:
-            worker_engine.start_engine = real
 
     return run_engine
 
