@@ -18,7 +18,7 @@ from app.client import output
 from app.client.connection import CliError, client
 from app.client.projects import schedule_of, schedule_rows
 from app.client.wait import wait_for
-from app.core.states import TERMINAL_BATCH_STATUSES
+from app.core.states import TERMINAL_BATCH_STATUSES, BatchStatus
 from app.ids import batch_api_of
 
 DEFAULT_ENDPOINT = "/v1/chat/completions"
@@ -71,7 +71,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     followed = wait_for(api, batch.id, args.interval)
     batch = followed.batch
     _show(batch, waited=followed.waited)
-    if batch.status == "failed":
+    if batch.status == BatchStatus.FAILED:
         return 1
     _download(
         api,
@@ -79,7 +79,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         args.output or f"{path.stem}.output.jsonl",
         args.errors_output or f"{path.stem}.errors.jsonl",
     )
-    return 0 if batch.status == "completed" else 1
+    return 0 if batch.status == BatchStatus.COMPLETED else 1
 
 
 def _listed(args: argparse.Namespace) -> list[Batch]:
@@ -224,7 +224,7 @@ def cmd_download(args: argparse.Namespace) -> int:
         raise CliError(
             f"{batch.id} is {batch.status}: its files exist once it has ended; try again later."
         )
-    if batch.status == "failed":
+    if batch.status == BatchStatus.FAILED:
         raise CliError(
             f"{batch.id} failed validation and has no results: "
             f"`overnight batches show {batch.id}` lists its errors."

@@ -10,7 +10,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from app.client import output
 from app.client.projects import eta_text, schedule_of
 from app.client.waiting import WaitClock, may_wait_for_a_worker, workers_of
-from app.core.states import TERMINAL_BATCH_STATUSES
+from app.core.states import TERMINAL_BATCH_STATUSES, BatchStatus
 
 WAITING = "waiting for a worker"
 
@@ -58,7 +58,7 @@ def wait_for(api: openai.OpenAI, batch_id: str, interval: float = 1.0) -> Follow
     try:
         with Progress(*columns, console=output.errors) as bar:
             task = bar.add_task(
-                "batch", total=None, status="validating", counts="", rate="", eta=""
+                "batch", total=None, status=BatchStatus.VALIDATING.value, counts="", rate="", eta=""
             )
             while True:
                 batch = api.batches.retrieve(batch_id)

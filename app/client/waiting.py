@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import openai
 from openai.types import Batch
 
+from app.core.states import BatchStatus
+
 SERVING_STATES = ("idle", "running")
 
 
@@ -43,7 +45,7 @@ def may_wait_for_a_worker(batch: Batch) -> bool:
     """Only a batch that is in progress with no result yet can still be waiting for one."""
     counts = batch.request_counts
     done = counts.completed + counts.failed if counts else 0
-    return batch.status == "in_progress" and done == 0 and batch.model is not None
+    return batch.status == BatchStatus.IN_PROGRESS and done == 0 and batch.model is not None
 
 
 @dataclass
